@@ -1,0 +1,167 @@
+"""Bundle layout: the one place that knows where a variant's files live, and checks them.
+
+```
+<bundle>/bundle.json                 optional manifest {"variant": ...}
+<bundle>/ctx/{component}{suffix}_socid77_archv73.bin    HTP context binaries
+<bundle>/onnx/<component dir>[suffix]/*.onnx            per-component ONNX graphs
+<bundle>/golden/<component>_io.npz, e2e_trace*.npz      parity data
+<bundle>/norm_stats.json (or golden/norm_stats.json)
+<bundle>/host/tokenizer.json, embeddings.npy, prompt.json, conventions.json
+```
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import BundleError
+from .host.conventions import Conventions
+from .host.normstats import NormStats
+from .variants import COMPONENTS, SUFFIX_GROUPS, VariantSpec, get_variant
+
+HOST_FILES = ("tokenizer.json", "embeddings.npy", "prompt.json", "conventions.json")
+#: Smallest size a real context binary can have; anything smaller is a truncated download.
+MIN_CONTEXT_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class Suffixes:
+    """Context suffix per component group: "" (fp16) or e.g. "_w4a16"."""
+
+    vision: str = ""
+    llm: str = ""
+    action: str = ""
+
+    def for_component(self, component: str) -> str:
+        for group, members in SUFFIX_GROUPS.items():
+            if component in members:
+                return getattr(self, group)
+        raise BundleError(f"unknown component {component!r}")
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, str]) -> Suffixes:
+        unknown = set(mapping) - set(SUFFIX_GROUPS)
+        if unknown:
+            raise BundleError(
+                f"unknown context_suffix groups {sorted(unknown)}; use {sorted(SUFFIX_GROUPS)}"
+            )
+        for group, suffix in mapping.items():
+            if suffix and (not suffix.startswith("_") or "/" in suffix or ".." in suffix):
+                raise BundleError(
+                    f"context_suffix.{group}={suffix!r} is not a suffix like '_w4a16' or ''"
+                )
+        return cls(**mapping)
+
+
+@dataclass
+class Bundle:
+    """A bundle folder for one variant."""
+
+    root: Path
+    variant: VariantSpec
+    manifest: dict = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, root: Path | str, variant: str | None = None) -> Bundle:
+        root = Path(root).expanduser()
+        if not root.is_dir():
+            raise BundleError(f"bundle folder {root} does not exist; download or build it first")
+        manifest: dict = {}
+        manifest_path = root / "bundle.json"
+        if manifest_path.is_file():
+            try:
+                manifest = json.loads(manifest_path.read_text())
+            except json.JSONDecodeError as exc:
+                raise BundleError(f"{manifest_path} is not valid JSON ({exc})") from None
+        declared = manifest.get("variant")
+        if variant is None and declared is None:
+            raise BundleError(f"{root} has no bundle.json; say which variant it holds")
+        if variant is not None and declared is not None and variant != declared:
+            raise BundleError(
+                f"{root} holds variant {declared!r}, not {variant!r}; point the "
+                f"{variant} bundle location at the right folder"
+            )
+        return cls(root=root.resolve(), variant=get_variant(variant or declared), manifest=manifest)
+
+    # -- paths ------------------------------------------------------------------------------
+    def context_path(self, component: str, suffix: str = "") -> Path:
+        return self.root / "ctx" / self.variant.context_file(component, suffix)
+
+    def onnx_path(self, component: str, suffix: str = "") -> Path:
+        folder = self.root / "onnx" / (self.variant.onnx_dir(component) + suffix)
+        preferred = folder / "model.onnx"
+        if preferred.is_file():
+            return preferred
+        graphs = sorted(folder.glob("*.onnx")) if folder.is_dir() else []
+        if len(graphs) == 1:
+            return graphs[0]
+        if not graphs:
+            hint = (
+                " (quantised sets ship as HTP contexts only: use backend htp, or suffix '')"
+                if suffix
+                else ""
+            )
+            raise BundleError(f"{component}: no ONNX graph in {folder}{hint}")
+        raise BundleError(
+            f"{component}: {folder} holds several graphs ({[g.name for g in graphs]}); "
+            "keep one or name it model.onnx"
+        )
+
+    def golden_path(self, name: str) -> Path:
+        return self.root / "golden" / name
+
+    def host_path(self, name: str) -> Path:
+        return self.root / "host" / name
+
+    @property
+    def norm_stats_path(self) -> Path:
+        for candidate in (self.root / "norm_stats.json", self.root / "golden" / "norm_stats.json"):
+            if candidate.is_file():
+                return candidate
+        return self.root / "norm_stats.json"
+
+    # -- loading ------------------------------------------------------------------------------
+    def conventions(self) -> Conventions:
+        return Conventions.from_json(self.host_path("conventions.json"))
+
+    def norm_stats(self) -> NormStats:
+        v = self.variant
+        return NormStats.from_json(
+            self.norm_stats_path, action_dim=v.action_dim, state_dim=v.state_dim
+        )
+
+    def check(self, backend: str = "onnx", suffixes: Suffixes | None = None) -> None:
+        """Fail early, listing every missing or truncated file with its fix."""
+        suffixes = suffixes or Suffixes()
+        problems = []
+        for name in HOST_FILES:
+            path = self.host_path(name)
+            if not path.is_file() or path.stat().st_size == 0:
+                problems.append(f"{path} is missing or empty")
+        if not self.norm_stats_path.is_file():
+            problems.append(f"{self.norm_stats_path} is missing")
+        for component in COMPONENTS:
+            suffix = suffixes.for_component(component)
+            if backend == "htp":
+                path = self.context_path(component, suffix)
+                if not path.is_file():
+                    problems.append(f"{path} is missing")
+                elif path.stat().st_size < MIN_CONTEXT_BYTES:
+                    problems.append(f"{path} is only {path.stat().st_size} bytes (truncated)")
+            else:
+                try:
+                    path = self.onnx_path(component, suffix)
+                except BundleError as exc:
+                    problems.append(str(exc))
+                    continue
+                if path.stat().st_size == 0:
+                    problems.append(f"{path} is empty (truncated download)")
+        if problems:
+            raise BundleError(
+                f"bundle {self.root} ({self.variant.name}, backend {backend}) is incomplete:\n  - "
+                + "\n  - ".join(problems)
+                + "\nre-download the bundle or rebuild it (molmoact2 tiny-bundle for tests)"
+            )

@@ -1,0 +1,132 @@
+"""``molmoact2`` command line: tiny-bundle, parity, demo, bench, doctor."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .errors import MolmoActError
+from .variants import VARIANTS
+
+
+def _variant_dirs(root: Path, variant: str | None) -> list[tuple[str, Path]]:
+    """A bundle folder, or a folder of per-variant bundle folders (as tiny-bundle writes)."""
+    root = Path(root)
+    if (root / "bundle.json").is_file() or variant and not (root / variant).is_dir():
+        return [(variant, root)]
+    names = [variant] if variant else [v for v in VARIANTS if (root / v).is_dir()]
+    if not names:
+        raise MolmoActError(f"{root} holds no bundle (no bundle.json, no variant folders)")
+    return [(name, root / name) for name in names]
+
+
+def cmd_tiny_bundle(args: argparse.Namespace) -> int:
+    from .synth import write_tiny_bundles
+
+    written = write_tiny_bundles(Path(args.out), variants=args.variants or tuple(VARIANTS),
+                                 seed=args.seed)
+    for name, path in written.items():
+        print(f"{name:<14} {path}")
+    return 0
+
+
+def cmd_parity(args: argparse.Namespace) -> int:
+    from .golden import TRACE_FILES, component_parity, e2e_parity, format_table
+    from .policy import Policy
+
+    ok = True
+    for name, path in _variant_dirs(Path(args.bundle), args.variant):
+        policy = Policy.load(path, name, backend=args.backend)
+        with policy:
+            contracts = policy.bundle.variant.contracts(
+                euler_in_graph=policy.conventions.euler_in_graph
+            )
+            tol = {"min_cosine": args.min_cosine}
+            rows = component_parity(
+                path / "golden", policy.pipeline.run_component, contracts, **tol
+            )
+            for trace in TRACE_FILES:
+                if (path / "golden" / trace).is_file():
+                    rows += e2e_parity(policy, path / "golden" / trace, **tol)
+        print(f"== {policy.bundle.variant.name} ({args.backend}) {path}")
+        print(format_table(rows))
+        failed = [r for r in rows if not r.passed]
+        print(f"{len(rows) - len(failed)}/{len(rows)} rows pass")
+        ok &= not failed
+    return 0 if ok else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .golden import load_npz
+    from .policy import Observation, Policy
+
+    for name, path in _variant_dirs(Path(args.bundle), args.variant):
+        trace = load_npz(path / "golden" / "e2e_trace.npz", ("image_primary", "image_wrist",
+                                                              "state", "instruction"))
+        with Policy.load(path, name, backend=args.backend, seed=0,
+                         instruction=str(trace["instruction"])) as policy:
+            obs = Observation(images=(trace["image_primary"], trace["image_wrist"]),
+                              state=trace["state"])
+            timings: dict[str, list[float]] = {}
+            for _ in range(args.chunks):
+                chunk = policy.predict(obs)
+                for key, value in chunk.latency_ms.items():
+                    timings.setdefault(key, []).append(value)
+            print(f"== {name}: {args.chunks} chunks, {policy.flow_steps} flow steps, "
+                  f"backend {args.backend}")
+            print(f"{'stage':<16} {'median ms':>10} {'p95 ms':>10}")
+            for key, values in timings.items():
+                print(f"{key:<16} {np.median(values):>10.2f} {np.percentile(values, 95):>10.2f}")
+            print("last chunk (de-normalised, 10 x 7):")
+            print(np.array2string(chunk.actions, precision=4, suppress_small=True))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="molmoact2", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("tiny-bundle", help="write the tiny synthetic bundles")
+    p.add_argument("out", help="output folder (one sub-folder per variant)")
+    p.add_argument("--variants", nargs="*", choices=list(VARIANTS))
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_tiny_bundle)
+
+    p = sub.add_parser("parity", help="golden parity per component and end to end")
+    p.add_argument("bundle")
+    p.add_argument("--variant", choices=list(VARIANTS))
+    p.add_argument("--backend", default="onnx", choices=["onnx", "htp"])
+    p.add_argument("--min-cosine", type=float, default=0.9999)
+    p.set_defaults(func=cmd_parity)
+
+    p = sub.add_parser("demo", help="run the pipeline on the bundle's sample observation")
+    p.add_argument("bundle")
+    p.add_argument("--variant", choices=list(VARIANTS))
+    p.add_argument("--backend", default="onnx", choices=["onnx", "htp"])
+    p.add_argument("--chunks", type=int, default=5)
+    p.set_defaults(func=cmd_demo)
+
+    for extra in ("bench", "doctor"):
+        try:
+            module = __import__(f"molmoact2_ros.{extra}", fromlist=["register"])
+        except ImportError:
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except MolmoActError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

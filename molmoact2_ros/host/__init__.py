@@ -1,0 +1,1 @@
+"""Host glue: everything between a raw observation and the sessions, and back (host_glue.md)."""

@@ -1,0 +1,334 @@
+"""Prompt → token ids, embeddings, attention bias and masks (host_glue §3–§5).
+
+The fixed part of the prompt (everything but the 8 state tokens and the image features) is
+tokenised and embedded once per instruction (``PromptPlan``); per observation only the state
+rows and the image rows change (``PromptPlan.embed``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BundleError, PromptError
+from ..variants import VariantSpec
+from .conventions import Conventions
+
+_PREFIXES = re.compile(
+    r"^(?:task|instruction|language instruction|goal)\s*:\s*|^(?:your |the )task is to\s+",
+    re.IGNORECASE,
+)
+_QUOTES = "\"'`“”‘’[](){}<>"
+_TRAILING = ".!?;:,"
+
+
+def normalize_instruction(text: str) -> str:
+    """Task-text normalisation of the reference processor (host_glue §3.1)."""
+    text = " ".join(str(text).split())
+    previous = None
+    while previous != text:
+        previous = text
+        text = text.strip().strip(_QUOTES).strip()
+        text = _PREFIXES.sub("", text).strip()
+        text = text.rstrip(_TRAILING + _QUOTES).strip()
+    sentences = [s.strip(" " + _TRAILING) for s in re.split(r"(?<=[.!?])\s+", text)]
+    text = "; ".join(s for s in sentences if s)
+    return text.lower()
+
+
+@dataclass(frozen=True)
+class PromptConfig:
+    """Template and special-token names from ``host/prompt.json``."""
+
+    template: str
+    setup: str
+    control: str
+    image_placeholder: str = "<|image|>"
+    image_start_token: str = "<im_start>"
+    image_patch_token: str = "<im_patch>"
+    image_end_token: str = "<im_end>"
+    state_start_token: str = "<state_start>"
+    state_end_token: str = "<state_end>"
+    state_token_format: str = "<state_{}>"
+    num_state_bins: int = 256
+    bos_token: str = "<|im_end|>"
+    eos_token: str = "<|im_end|>"
+    pad_token: str = "<|endoftext|>"
+    normalize_language: bool = True
+
+    @classmethod
+    def from_json(cls, path: Path) -> PromptConfig:
+        try:
+            data = json.loads(Path(path).read_text())
+            return cls(**data)
+        except FileNotFoundError:
+            raise BundleError(
+                f"{path} is missing; the bundle's host/ needs prompt.json"
+            ) from None
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise BundleError(f"{path} is malformed ({exc}); regenerate prompt.json") from None
+
+
+class Tokenizer:
+    """A ``tokenizers`` tokenizer plus the special-token ids the prompt needs."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            from tokenizers import Tokenizer as HFTokenizer
+        except ImportError:
+            raise BundleError("prompt building needs the 'tokenizers' package") from None
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception on bad files
+            raise BundleError(f"{path} cannot be loaded as tokenizer.json ({exc})") from None
+        self.path = Path(path)
+
+    def token_id(self, token: str) -> int:
+        tid = self._tok.token_to_id(token)
+        if tid is None:
+            raise BundleError(
+                f"{self.path} has no token {token!r}; it is not this model's tokenizer"
+            )
+        return int(tid)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+
+class EmbeddingTable:
+    """The token embedding table, memory-mapped (float16 ``.npy``, [vocab, hidden])."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            table = np.load(path, mmap_mode="r", allow_pickle=False)
+        except FileNotFoundError:
+            raise BundleError(
+                f"{path} is missing; the bundle's host/ needs embeddings.npy"
+            ) from None
+        except ValueError as exc:
+            raise BundleError(f"{path} is truncated or not a .npy array ({exc})") from None
+        if table.ndim != 2:
+            raise BundleError(f"{path} has shape {table.shape}; expected [vocab, hidden]")
+        self.path = Path(path)
+        self.table = table
+
+    @property
+    def hidden(self) -> int:
+        return int(self.table.shape[1])
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.table.shape[0]):
+            raise BundleError(
+                f"token id {int(ids.max())} is outside {self.path} ({self.table.shape[0]} rows); "
+                "the tokenizer and embedding table do not belong together"
+            )
+        return np.asarray(self.table[ids], dtype=np.float32)
+
+
+@dataclass
+class PromptPlan:
+    """Everything about a prompt that does not change between observations."""
+
+    instruction: str
+    input_ids: np.ndarray  # [S] int64, with placeholder state ids
+    valid: np.ndarray  # [S] bool
+    is_image: np.ndarray  # [S] bool
+    state_positions: np.ndarray  # [8] int64
+    patch_positions: np.ndarray  # [image tokens] int64
+    base_embeddings: np.ndarray  # [S, H] float32
+    attention_bias: np.ndarray  # [1, 1, S, S] float32
+    encoder_mask: np.ndarray  # [1, S] float32
+    state_base_id: int
+    num_valid: int
+    add_image_to_patch_embedding: bool
+    _state_rows: np.ndarray  # [bins, H] float32, rows of <state_0..bins-1>
+
+    def ids_for(self, bins: np.ndarray) -> np.ndarray:
+        ids = self.input_ids.copy()
+        ids[self.state_positions] = self.state_base_id + bins
+        return ids
+
+    def embed(
+        self, state_bins: np.ndarray, image_embeds: np.ndarray, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """hidden_states [1, S, H]: base rows + state rows + image features at <im_patch>."""
+        seq, hidden = self.base_embeddings.shape
+        if out is None:
+            out = np.empty((1, seq, hidden), dtype=np.float32)
+        view = out.reshape(seq, hidden)
+        view[...] = self.base_embeddings
+        view[self.state_positions] = self._state_rows[np.asarray(state_bins)]
+        feats = np.asarray(image_embeds).reshape(-1, hidden)
+        if feats.shape[0] != self.patch_positions.shape[0]:
+            raise PromptError(
+                f"vision emitted {feats.shape[0]} image features but the prompt has "
+                f"{self.patch_positions.shape[0]} <im_patch> positions"
+            )
+        if self.add_image_to_patch_embedding:
+            view[self.patch_positions] += feats
+        else:
+            view[self.patch_positions] = feats
+        return out
+
+
+class PromptBuilder:
+    """Builds ``PromptPlan``s for one variant from the bundle's host assets."""
+
+    def __init__(
+        self,
+        config: PromptConfig,
+        tokenizer: Tokenizer,
+        table: EmbeddingTable,
+        conventions: Conventions,
+        variant: VariantSpec,
+        *,
+        setup: str | None = None,
+        control: str | None = None,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.table = table
+        self.conventions = conventions
+        self.variant = variant
+        self.setup = setup if setup is not None else config.setup
+        self.control = control if control is not None else config.control
+        tid = tokenizer.token_id
+        self.bos_id = tid(config.bos_token)
+        self.eos_id = tid(config.eos_token)
+        self.pad_id = tid(config.pad_token)
+        self.patch_id = tid(config.image_patch_token)
+        self.image_ids = {
+            tid(config.image_start_token), self.patch_id, tid(config.image_end_token)
+        }
+        self.state_start_id = tid(config.state_start_token)
+        self.state_end_id = tid(config.state_end_token)
+        self.state_base_id = tid(config.state_token_format.format(0))
+        last = tid(config.state_token_format.format(config.num_state_bins - 1))
+        if last - self.state_base_id != config.num_state_bins - 1:
+            raise BundleError(
+                f"{tokenizer.path}: state tokens are not contiguous ids; prompt building "
+                "assumes <state_0>..<state_N-1> are consecutive"
+            )
+        self._state_rows = table.rows(np.arange(self.state_base_id, last + 1))
+        block = (
+            config.image_start_token
+            + config.image_patch_token * variant.image_tokens_per_camera
+            + config.image_end_token
+        )
+        self._image_block = block
+
+    def text(self, instruction: str, bins: np.ndarray | None = None) -> str:
+        """The prompt string (before BOS and padding)."""
+        fmt = self.config.state_token_format
+        bins = np.zeros(self.variant.state_dim, dtype=np.int64) if bins is None else bins
+        state = (
+            self.config.state_start_token
+            + "".join(fmt.format(int(b)) for b in bins)
+            + self.config.state_end_token
+        )
+        text = self.config.template.format(
+            task=instruction, setup=self.setup, control=self.control, state=state
+        )
+        return text.replace(self.config.image_placeholder, self._image_block)
+
+    def plan(self, instruction: str) -> PromptPlan:
+        task = self._task(instruction)
+        ids = [self.bos_id, *self.tokenizer.encode(self.text(task))]
+        seq = self.variant.seq_len
+        if len(ids) > seq:
+            raise PromptError(
+                f"instruction {instruction!r} makes a {len(ids)}-token prompt but variant "
+                f"{self.variant.name} holds {seq}; shorten it by at least {len(ids) - seq} tokens"
+            )
+        n = len(ids)
+        pad = [self.pad_id] * (seq - n)
+        right = self.conventions.padding_side == "right"
+        input_ids = np.asarray(ids + pad if right else pad + ids, dtype=np.int64)
+        valid = np.zeros(seq, dtype=bool)
+        if right:
+            valid[:n] = True
+        else:
+            valid[seq - n :] = True
+        is_image = np.isin(input_ids, list(self.image_ids)) & valid
+        state_positions = self._state_positions(input_ids, valid)
+        patch_positions = np.flatnonzero((input_ids == self.patch_id) & valid)
+        if patch_positions.size != self.variant.image_tokens:
+            raise BundleError(
+                f"the template yields {patch_positions.size} <im_patch> tokens, expected "
+                f"{self.variant.image_tokens}; prompt.json does not have 2 image placeholders"
+            )
+        base = self.table.rows(input_ids)
+        add = not self.conventions.image_embeds_include_patch_embedding
+        return PromptPlan(
+            instruction=task,
+            input_ids=input_ids,
+            valid=valid,
+            is_image=is_image,
+            state_positions=state_positions,
+            patch_positions=patch_positions,
+            base_embeddings=base,
+            attention_bias=attention_bias(valid, is_image, self.conventions),
+            encoder_mask=encoder_mask(input_ids, valid, self.eos_id, self.conventions),
+            state_base_id=self.state_base_id,
+            num_valid=n,
+            add_image_to_patch_embedding=add,
+            _state_rows=self._state_rows,
+        )
+
+    def _task(self, instruction: str) -> str:
+        if not isinstance(instruction, str):
+            raise PromptError(f"instruction must be a string, got {type(instruction).__name__}")
+        task = normalize_instruction(instruction) if self.config.normalize_language else instruction
+        if not task.strip():
+            raise PromptError(
+                "instruction is empty; set the 'instruction' parameter to the task, e.g. "
+                "'put the bowl on the plate'"
+            )
+        return task
+
+    def _state_positions(self, ids: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        starts = np.flatnonzero((ids == self.state_start_id) & valid)
+        width = self.variant.state_dim
+        if starts.size != 1:
+            raise PromptError(
+                "the instruction must not contain state tokens; found "
+                f"{starts.size} <state_start> tokens in the prompt"
+            )
+        first = int(starts[0]) + 1
+        positions = np.arange(first, first + width, dtype=np.int64)
+        if positions[-1] + 1 >= ids.shape[0] or ids[positions[-1] + 1] != self.state_end_id:
+            raise BundleError("the state block did not tokenise to one token per state bin")
+        return positions
+
+
+def attention_bias(valid: np.ndarray, is_image: np.ndarray, conv: Conventions) -> np.ndarray:
+    """[1,1,S,S]: 0 where ``valid[k] and (k <= q or both image tokens)``, mask value elsewhere."""
+    seq = valid.shape[0]
+    allowed = np.tril(np.ones((seq, seq), dtype=bool))
+    if conv.bidirectional_image_attention:
+        allowed |= is_image[:, None] & is_image[None, :]
+    allowed &= valid[None, :]
+    bias = np.where(allowed, np.float32(0.0), np.float32(conv.mask_value))
+    return bias.reshape(1, 1, seq, seq).astype(np.float32)
+
+
+def encoder_mask(
+    ids: np.ndarray, valid: np.ndarray, eos_id: int, conv: Conventions
+) -> np.ndarray:
+    """[1,S]: 1 where the action expert may attend (host_glue §8.3)."""
+    mask = valid.copy()
+    if conv.encoder_mask == "exclude_eos":
+        mask &= ids != eos_id
+    return mask.astype(np.float32).reshape(1, -1)
+
+
+def action_dim_is_pad(action_dim: int, max_action_dim: int) -> np.ndarray:
+    """[1, max_action_dim]: 1.0 for padded action dims (7..31 for LIBERO)."""
+    pad = np.ones((1, max_action_dim), dtype=np.float32)
+    pad[0, :action_dim] = 0.0
+    return pad

@@ -1,0 +1,57 @@
+"""Robot state → 8 discrete state tokens (host_glue §3.2), and the LIBERO state layout."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ObservationError
+from .normstats import FeatureStats
+
+NUM_STATE_BINS = 256
+
+
+def check_state(state, width: int) -> np.ndarray:
+    """Return the state as float32 [width], or say what is wrong with it."""
+    arr = np.asarray(state, dtype=np.float64).reshape(-1)
+    if arr.shape[0] != width:
+        raise ObservationError(
+            f"state has {arr.shape[0]} values but the policy needs {width} "
+            "(LIBERO: eef xyz, eef axis-angle, 2 gripper fingers); check state.joint_names"
+        )
+    bad = np.flatnonzero(~np.isfinite(arr))
+    if bad.size:
+        raise ObservationError(
+            f"state has NaN/inf at index {bad.tolist()}; the robot state source is broken, "
+            "no action is computed from it"
+        )
+    return arr.astype(np.float32)
+
+
+def state_bins(
+    state: np.ndarray, stats: FeatureStats, num_bins: int = NUM_STATE_BINS
+) -> np.ndarray:
+    """Normalise, clip and discretise: ``rint((s+1)/2·(bins−1))`` with half-to-even rounding."""
+    s = stats.normalize(check_state(state, stats.width))
+    s = np.nan_to_num(s, nan=0.0, posinf=1.0, neginf=-1.0)
+    s = np.clip(s, -1.0, 1.0)
+    bins = np.rint((s + np.float32(1.0)) / np.float32(2.0) * np.float32(num_bins - 1))
+    return np.clip(bins, 0, num_bins - 1).astype(np.int64)
+
+
+def quat_to_axis_angle(quat_xyzw) -> np.ndarray:
+    """Quaternion (x, y, z, w) → axis-angle, as LeRobot's LIBERO processor (no hemisphere fix)."""
+    q = np.asarray(quat_xyzw, dtype=np.float64).reshape(4)
+    if not np.all(np.isfinite(q)):
+        raise ObservationError(f"quaternion {q.tolist()} has NaN/inf")
+    norm = np.linalg.norm(q)
+    if not 0.5 < norm < 1.5:
+        raise ObservationError(
+            f"quaternion {q.tolist()} has norm {norm:.3f}; expected a unit quaternion"
+        )
+    q = q / norm
+    w = float(np.clip(q[3], -1.0, 1.0))
+    den = np.sqrt(1.0 - w * w)
+    if den <= 1e-10:
+        return np.zeros(3, dtype=np.float32)
+    angle = 2.0 * np.arccos(w)
+    return (q[:3] / den * angle).astype(np.float32)

@@ -1,0 +1,223 @@
+"""Policy: ``Observation`` → ``ActionChunk`` over any runtime pipeline, with per-stage timing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .bundle import Bundle, Suffixes
+from .errors import ObservationError, PromptError
+from .host import images as image_ops
+from .host.flow import initial_noise
+from .host.normstats import NormStats
+from .host.prompt import (
+    EmbeddingTable,
+    PromptBuilder,
+    PromptConfig,
+    PromptPlan,
+    Tokenizer,
+    action_dim_is_pad,
+)
+from .host.state import state_bins
+from .runtime import open_pipeline
+from .runtime.pipeline import Pipeline
+
+MAX_FLOW_STEPS = 100
+
+
+@dataclass
+class Observation:
+    """Two RGB uint8 frames (primary/agentview first, wrist second), robot state, task."""
+
+    images: Sequence[np.ndarray]
+    state: np.ndarray
+    instruction: str | None = None
+    stamp_ns: int = 0
+
+
+@dataclass
+class ActionChunk:
+    """De-normalised actions [horizon, action_dim] plus what produced them."""
+
+    actions: np.ndarray
+    actions_normalized: np.ndarray
+    variant: str
+    flow_steps: int
+    observation_stamp_ns: int
+    instruction: str
+    latency_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total_ms(self) -> float:
+        return self.latency_ms.get("total", 0.0)
+
+
+def check_flow_steps(steps: int) -> int:
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)):
+        raise PromptError(f"flow_steps must be an integer, got {steps!r}")
+    if not 1 <= int(steps) <= MAX_FLOW_STEPS:
+        raise PromptError(f"flow_steps {steps} is out of range; use 1..{MAX_FLOW_STEPS}")
+    return int(steps)
+
+
+class Policy:
+    """MolmoAct2 host glue around a seven-session pipeline."""
+
+    def __init__(
+        self,
+        bundle: Bundle,
+        pipeline: Pipeline,
+        *,
+        flow_steps: int | None = None,
+        seed: int | None = None,
+        instruction: str | None = None,
+        backend: str = "onnx",
+        suffixes: Suffixes | None = None,
+    ) -> None:
+        self.bundle = bundle
+        self.variant = bundle.variant
+        self.pipeline = pipeline
+        self.backend = backend
+        self.suffixes = suffixes or Suffixes()
+        self.conventions = pipeline.conventions
+        self.norm_stats: NormStats = bundle.norm_stats()
+        config = PromptConfig.from_json(bundle.host_path("prompt.json"))
+        self.prompts = PromptBuilder(
+            config,
+            Tokenizer(bundle.host_path("tokenizer.json")),
+            EmbeddingTable(bundle.host_path("embeddings.npy")),
+            self.conventions,
+            self.variant,
+            setup=self.norm_stats.setup_type,
+            control=self.norm_stats.control_mode,
+        )
+        if self.prompts.table.hidden != pipeline.geometry.hidden:
+            raise PromptError(
+                f"embeddings.npy has hidden size {self.prompts.table.hidden} but the LLM "
+                f"sessions expect {pipeline.geometry.hidden}; the host assets belong to "
+                "another model"
+            )
+        self.flow_steps = check_flow_steps(flow_steps or self.variant.default_flow_steps)
+        self._pad = action_dim_is_pad(self.variant.action_dim, self.variant.max_action_dim)
+        self._rng = np.random.default_rng(seed)
+        self._plans: dict[str, PromptPlan] = {}
+        self._written_plan: PromptPlan | None = None
+        self.instruction: str | None = None
+        if instruction is not None:
+            self.set_instruction(instruction)
+
+    @classmethod
+    def load(
+        cls,
+        root: Path | str,
+        variant: str | None = None,
+        *,
+        backend: str = "onnx",
+        suffixes: Suffixes | None = None,
+        **kwargs,
+    ) -> Policy:
+        bundle = Bundle.open(root, variant)
+        pipeline_options = kwargs.pop("pipeline_options", {})
+        pipeline = open_pipeline(bundle, backend, suffixes, **pipeline_options)
+        try:
+            return cls(bundle, pipeline, backend=backend, suffixes=suffixes, **kwargs)
+        except Exception:
+            pipeline.close()
+            raise
+
+    # -- settings that apply to the next chunk -------------------------------------------------
+    def plan(self, instruction: str) -> PromptPlan:
+        """Build (and cache) the prompt plan; raises PromptError when it cannot fit."""
+        plan = self._plans.get(instruction)
+        if plan is None:
+            plan = self.prompts.plan(instruction)
+            if len(self._plans) > 32:
+                self._plans.clear()
+            self._plans[instruction] = plan
+        return plan
+
+    def set_instruction(self, instruction: str) -> None:
+        self.plan(instruction)
+        self.instruction = instruction
+
+    def set_flow_steps(self, steps: int) -> None:
+        self.flow_steps = check_flow_steps(steps)
+
+    def reseed(self, seed: int | None) -> None:
+        self._rng = np.random.default_rng(seed)
+
+    # -- inference -------------------------------------------------------------------------------
+    def predict(self, obs: Observation, *, noise: np.ndarray | None = None) -> ActionChunk:
+        """Run one chunk. Raises ObservationError/PromptError before any session runs."""
+        t0 = time.perf_counter()
+        instruction = obs.instruction if obs.instruction is not None else self.instruction
+        if instruction is None:
+            raise PromptError("no instruction: set the 'instruction' parameter first")
+        plan = self.plan(instruction)
+        bins = state_bins(obs.state, self.norm_stats.state)
+        if len(obs.images) != self.variant.num_cameras:
+            raise ObservationError(
+                f"got {len(obs.images)} images, the policy needs {self.variant.num_cameras} "
+                "(primary, wrist)"
+            )
+        shape = (1, self.variant.horizon, self.variant.max_action_dim)
+        if noise is None:
+            x0 = initial_noise(self._rng, shape, self._pad)
+        else:
+            x0 = np.asarray(noise, dtype=np.float32).reshape(shape) * (1.0 - self._pad)
+        image_ops.preprocess(
+            obs.images,
+            size=self.variant.image_size,
+            patch=self.variant.patch_size,
+            flip=self.conventions.flip_images_180,
+            out=self.pipeline.input_buffer("pixel_values"),
+        )
+        self._write_plan(plan)
+        t1 = time.perf_counter()
+        image_embeds = self.pipeline.run_vision()
+        t2 = time.perf_counter()
+        plan.embed(bins, image_embeds, out=self.pipeline.input_buffer("hidden_states"))
+        t3 = time.perf_counter()
+        x_n = self.pipeline.run_action(x0, self.flow_steps)
+        t4 = time.perf_counter()
+        v = self.variant
+        normalized = np.array(x_n[0, : v.horizon, : v.action_dim], dtype=np.float32)
+        actions = self.norm_stats.action.denormalize(normalized)
+        t5 = time.perf_counter()
+        timings = self.pipeline.last_timings_ms
+        timings.update(
+            preprocess=(t1 - t0) * 1e3,
+            embed=(t3 - t2) * 1e3,
+            postprocess=(t5 - t4) * 1e3,
+            total=(t5 - t0) * 1e3,
+        )
+        return ActionChunk(
+            actions=actions,
+            actions_normalized=normalized,
+            variant=v.name,
+            flow_steps=self.flow_steps,
+            observation_stamp_ns=obs.stamp_ns,
+            instruction=plan.instruction,
+            latency_ms=timings,
+        )
+
+    def _write_plan(self, plan: PromptPlan) -> None:
+        if self._written_plan is plan:
+            return
+        self.pipeline.input_buffer("attention_bias")[...] = plan.attention_bias
+        self.pipeline.input_buffer("encoder_attention_mask")[...] = plan.encoder_mask
+        self.pipeline.input_buffer("action_dim_is_pad")[...] = self._pad
+        self._written_plan = plan
+
+    def close(self) -> None:
+        self.pipeline.close()
+
+    def __enter__(self) -> Policy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,42 @@
+"""ROS-free install of molmoact2_ros (core, CLI, tests). colcon builds the ROS package with CMake."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+package_name = "molmoact2_ros"
+
+setup(
+    name=package_name,
+    version="0.1.0",
+    description="MolmoAct2-LIBERO VLA policy on the Qualcomm IQ-9075 HTP, as a ROS 2 node",
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(exclude=["tests", "tests.*"]),
+    install_requires=[
+        # qai_appbuilder 2.51.40 requires numpy<=2.4.4; Humble ships numpy 1.x.
+        "numpy>=1.22,<=2.4.4",
+        "tokenizers>=0.15,<1",
+    ],
+    extras_require={
+        "onnx": ["onnxruntime>=1.17"],
+        "synth": ["onnx>=1.15"],
+        "replay": ["rosbags>=0.10,<0.12"],
+        "htp": ["qai-appbuilder==2.51.40; platform_machine=='aarch64'"],
+        "test": [
+            "onnxruntime>=1.17",
+            "onnx>=1.15",
+            "rosbags>=0.10,<0.12",
+            "pytest>=7",
+            "ruff>=0.4",
+        ],
+    },
+    data_files=[
+        ("share/ament_index/resource_index/packages", ["resource/" + package_name]),
+        ("share/" + package_name, ["package.xml"]),
+    ],
+    entry_points={"console_scripts": ["molmoact2 = molmoact2_ros.cli:main"]},
+    zip_safe=False,
+)
