@@ -55,3 +55,34 @@ def quat_to_axis_angle(quat_xyzw) -> np.ndarray:
         return np.zeros(3, dtype=np.float32)
     angle = 2.0 * np.arccos(w)
     return (q[:3] / den * angle).astype(np.float32)
+
+
+def state_from_joint_state(
+    names: list[str], positions, wanted: list[str]
+) -> np.ndarray:
+    """Pick the state vector out of a JointState by name (``state.joint_names`` order)."""
+    index = {n: i for i, n in enumerate(names)}
+    missing = [n for n in wanted if n not in index]
+    if missing:
+        raise ObservationError(
+            f"JointState lacks {missing} (it has {list(names)[:12]}); set state.joint_names "
+            "to the names your robot publishes"
+        )
+    positions = list(positions)
+    if len(positions) < len(names):
+        raise ObservationError(
+            f"JointState has {len(names)} names but {len(positions)} positions"
+        )
+    return check_state([positions[index[n]] for n in wanted], len(wanted))
+
+
+def state_from_pose(xyz, quat_xyzw, gripper) -> np.ndarray:
+    """LIBERO state from an end-effector pose and two gripper finger positions."""
+    xyz = np.asarray(xyz, dtype=np.float64).reshape(-1)
+    gripper = np.asarray(gripper, dtype=np.float64).reshape(-1)
+    if xyz.shape != (3,) or gripper.shape != (2,):
+        raise ObservationError(
+            f"pose needs 3 positions and 2 gripper values, got {xyz.size} and {gripper.size}"
+        )
+    aa = quat_to_axis_angle(quat_xyzw)
+    return check_state(np.concatenate([xyz, aa, gripper]), 8)

@@ -111,7 +111,9 @@ def bind_contracts(
                         f"{variant.name} contract"
                     )
                 _bind_tensor(component, kind, spec, info, bound)
-    _check_relations(sessions, bound, variant)
+        if component == "llm_split0":
+            _check_image_tokens_fit(bound)
+    _check_relations(bound, variant)
     dims = {k: v for k, (v, _) in bound.items()}
     layers = tuple(dims[f"L{i}"] for i in range(len(variant.llm_splits)))
     return Geometry(dims=dims, layers_per_split=layers)
@@ -134,7 +136,7 @@ def _bind_tensor(
         raise ContractError(
             f"{where}: rank {len(info.shape)} but the contract wants {spec.describe()}"
         )
-    for axis, (want, got) in enumerate(zip(spec.shape, info.shape, strict=False)):
+    for axis, (want, got) in enumerate(zip(spec.shape, info.shape)):
         if isinstance(want, int):
             if want != got:
                 raise ContractError(
@@ -151,9 +153,7 @@ def _bind_tensor(
             )
 
 
-def _check_relations(
-    sessions: Mapping[str, Session], bound: dict[str, tuple[int, str]], variant: VariantSpec
-) -> None:
+def _check_image_tokens_fit(bound: dict[str, tuple[int, str]]) -> None:
     img, img_where = bound["IMG"]
     seq, seq_where = bound["S"]
     if img >= seq:
@@ -162,6 +162,9 @@ def _check_relations(
             f"the LLM contexts were compiled for seq {seq}, the vision context for a longer "
             "prompt. Use LLM contexts compiled for this vision graph's sequence length."
         )
+
+
+def _check_relations(bound: dict[str, tuple[int, str]], variant: VariantSpec) -> None:
     layers = sum(bound[f"L{i}"][0] for i in range(len(variant.llm_splits)))
     total, total_where = bound["L"]
     if layers != total:
@@ -177,7 +180,6 @@ def _check_relations(
                 f"load the {variant.name} bundle or choose the variant these contexts were "
                 "compiled for"
             )
-    del sessions
 
 
 class SessionSet:
