@@ -103,8 +103,10 @@ def test_quat_to_axis_angle():
 
 
 def test_normalize_instruction():
-    assert normalize_instruction('  "Task: Put the bowl   on the plate." ') == "put the bowl on the plate"
-    assert normalize_instruction("Open the drawer. Then close it!") == "open the drawer; then close it"
+    raw = '  "Task: Put the bowl   on the plate." '
+    assert normalize_instruction(raw) == "put the bowl on the plate"
+    two = "Open the drawer. Then close it!"
+    assert normalize_instruction(two) == "open the drawer; then close it"
     assert normalize_instruction("The task is to pick up the cup") == "pick up the cup"
 
 
