@@ -154,6 +154,12 @@ class Controller:
         self._release()
         self.state = FINALIZED
 
+    def shutdown_runtime(self) -> None:
+        """Release the runtime after a failed transition or an error; back to unconfigured."""
+        self._stop_thread()
+        self._release()
+        self.state = UNCONFIGURED
+
     def _require(self, state: str, transition: str) -> None:
         if self.state != state or self.policy is None:
             raise MolmoActError(f"cannot {transition} from state {self.state}")

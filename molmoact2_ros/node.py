@@ -1,0 +1,374 @@
+"""The ROS 2 lifecycle node: the only module that imports rclpy.
+
+It adapts messages, parameters, timers and the lifecycle to ``Controller``; all decisions
+(validation, staleness, triggers, swaps, safety) live there, ROS-free.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import rclpy
+from builtin_interfaces.msg import Duration
+from rcl_interfaces.msg import (
+    FloatingPointRange,
+    IntegerRange,
+    ParameterDescriptor,
+    SetParametersResult,
+)
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+
+# Short lifecycle aliases, as in ros2/demos lifecycle_py: Node is rclpy's LifecycleNode.
+from rclpy.lifecycle import Node, State, TransitionCallbackReturn
+from rclpy.parameter import Parameter
+from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from sensor_msgs.msg import CompressedImage, Image, JointState
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from .controller import Controller, Published
+from .errors import MolmoActError
+from .host.images import decode_compressed, decode_image
+from .host.state import state_from_joint_state, state_from_pose
+from .params import PARAMS, PARAMS_BY_NAME, Settings
+from .sync import ApproxTimeSync
+
+NODE_NAME = "molmoact2_policy"
+TICK_PERIOD_S = 0.01
+
+
+def _descriptor(spec) -> ParameterDescriptor:
+    d = ParameterDescriptor(description=f"{spec.description} [applies: {spec.apply}]")
+    if spec.int_range:
+        d.integer_range = [IntegerRange(from_value=spec.int_range[0], to_value=spec.int_range[1],
+                                        step=1)]
+    if spec.float_range:
+        d.floating_point_range = [FloatingPointRange(from_value=float(spec.float_range[0]),
+                                                     to_value=float(spec.float_range[1]))]
+    return d
+
+
+def _stamp_ns(msg) -> int:
+    return int(msg.header.stamp.sec) * 1_000_000_000 + int(msg.header.stamp.nanosec)
+
+
+def _duration(seconds: float) -> Duration:
+    ns = int(round(seconds * 1e9))
+    return Duration(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+
+
+class PolicyNode(Node):
+    """MolmoAct2 policy as a managed node: two cameras + joint state in, action chunks out."""
+
+    def __init__(self, node_name: str = NODE_NAME, **kwargs: Any) -> None:
+        self._subs: list = []
+        self._timer = None
+        self._chunk_pub = None
+        self._traj_pub = None
+        self._sync: ApproxTimeSync | None = None
+        self._tf_buffer = None
+        self._tf_listener = None
+        self._bridge = None
+        self._reverting = False
+        super().__init__(node_name, **kwargs)
+        for spec in PARAMS:
+            self.declare_parameter(spec.name, spec.default, _descriptor(spec))
+        self.controller = Controller(
+            self._read_settings(),
+            publish=self._publish,
+            clock_ns=lambda: self.get_clock().now().nanoseconds,
+            on_swap_done=self._swap_done,
+        )
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+        self._sensor_group = MutuallyExclusiveCallbackGroup()
+        self._timer_group = MutuallyExclusiveCallbackGroup()
+        self._diagnostics = self._make_diagnostics()
+        try:
+            from cv_bridge import CvBridge
+
+            self._bridge = CvBridge()
+        except ImportError:
+            self.get_logger().info("cv_bridge not found: decoding images with the core decoder")
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def on_configure(self, state: State) -> TransitionCallbackReturn:
+        """Validate parameters, load the bundle, start the runtime, warm up.
+
+        :return: SUCCESS → inactive; FAILURE (logged reason) → unconfigured.
+        """
+        try:
+            self.controller.settings = self._read_settings()
+            self.controller.configure()
+            reliable = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+            from .msg import ActionChunk
+
+            self._chunk_pub = self.create_lifecycle_publisher(ActionChunk, "~/action_chunk",
+                                                              reliable)
+            self._traj_pub = self.create_lifecycle_publisher(JointTrajectory, "~/trajectory",
+                                                             reliable)
+        except Exception as exc:  # rclpy swallows exceptions in transitions: report them
+            self.get_logger().error(f"configure failed: {exc}")
+            self._safe(self.controller.shutdown_runtime)
+            return TransitionCallbackReturn.FAILURE
+        s = self.controller.settings
+        self.get_logger().info(f"configured: variant {s['variant']} on {s['backend']}")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state: State) -> TransitionCallbackReturn:
+        """Subscribe, synchronise, start the inference worker, enable publishers.
+
+        :return: SUCCESS → active; FAILURE → inactive.
+        """
+        try:
+            self._start_inputs()
+            self.controller.activate()
+        except Exception as exc:
+            self.get_logger().error(f"activate failed: {exc}")
+            self._stop_inputs()
+            return TransitionCallbackReturn.FAILURE
+        # The parent enables the lifecycle publishers; without it they drop every message.
+        return super().on_activate(state)
+
+    def on_deactivate(self, state: State) -> TransitionCallbackReturn:
+        """Stop inputs and the worker. :return: SUCCESS → inactive."""
+        self._stop_inputs()
+        self._safe(self.controller.deactivate)
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: State) -> TransitionCallbackReturn:
+        """Release the runtime (workers, NPU memory). :return: SUCCESS → unconfigured."""
+        self._safe(self.controller.cleanup)
+        self._destroy_publishers()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: State) -> TransitionCallbackReturn:
+        """Release everything from any state. :return: SUCCESS → finalized."""
+        self.release()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_error(self, state: State) -> TransitionCallbackReturn:
+        """Release the runtime after an error. :return: SUCCESS → unconfigured."""
+        self._stop_inputs()
+        self._safe(self.controller.shutdown_runtime)
+        self._destroy_publishers()
+        return TransitionCallbackReturn.SUCCESS
+
+    def release(self) -> None:
+        """Stop inputs and release the runtime; also used on Ctrl-C / SIGTERM."""
+        self._stop_inputs()
+        self._safe(self.controller.shutdown)
+        self._destroy_publishers()
+
+    def _safe(self, fn) -> None:
+        try:
+            fn()
+        except Exception as exc:
+            self.get_logger().warn(f"{getattr(fn, '__name__', fn)}: {exc}")
+
+    def _destroy_publishers(self) -> None:
+        for pub in (self._chunk_pub, self._traj_pub):
+            if pub is not None:
+                self.destroy_lifecycle_publisher(pub)
+        self._chunk_pub = self._traj_pub = None
+
+    # -- inputs ----------------------------------------------------------------------------------
+    def _start_inputs(self) -> None:
+        s = self.controller.settings
+        self._sync = ApproxTimeSync(3, int(s["sync.slop_s"] * 1e9), s["sync.queue_size"],
+                                    self._on_synced)
+        image_type = CompressedImage if s["compressed_images"] else Image
+        topics = [s["topics.image_primary"], s["topics.image_wrist"]]
+        if s["compressed_images"]:
+            topics = [t.rstrip("/") + "/compressed" if not t.endswith("compressed") else t
+                      for t in topics]
+        for stream, topic in enumerate(topics):
+            self._subs.append(self.create_subscription(
+                image_type, topic, lambda m, i=stream: self._on_message(i, m),
+                qos_profile_sensor_data, callback_group=self._sensor_group))
+        self._subs.append(self.create_subscription(
+            JointState, s["topics.joint_states"], lambda m: self._on_message(2, m),
+            qos_profile_sensor_data, callback_group=self._sensor_group))
+        if s["state.source"] == "tf":
+            from tf2_ros import Buffer, TransformListener
+
+            self._tf_buffer = Buffer()
+            self._tf_listener = TransformListener(self._tf_buffer, self)
+        self._timer = self.create_timer(TICK_PERIOD_S, self.controller.tick,
+                                        callback_group=self._timer_group)
+
+    def _stop_inputs(self) -> None:
+        for sub in self._subs:
+            self.destroy_subscription(sub)
+        self._subs = []
+        if self._timer is not None:
+            self.destroy_timer(self._timer)
+            self._timer = None
+        self._sync = None
+        self._tf_listener = None
+
+    def _on_message(self, stream: int, msg) -> None:
+        sync = self._sync
+        if sync is not None:
+            sync.add(stream, _stamp_ns(msg), msg)
+
+    def _on_synced(self, items) -> None:
+        try:
+            images = [self._to_rgb(items[0].msg), self._to_rgb(items[1].msg)]
+            state = self._state(items[2].msg)
+        except MolmoActError as exc:
+            self.controller.on_invalid(type(exc).__name__)
+            self.get_logger().warn(f"observation skipped: {exc}", throttle_duration_sec=2.0)
+            return
+        self.controller.on_observation(images, state, min(i.stamp_ns for i in items))
+
+    def _to_rgb(self, msg) -> np.ndarray:
+        if isinstance(msg, CompressedImage):
+            return decode_compressed(msg.format, bytes(msg.data))
+        if self._bridge is not None and msg.encoding in ("rgb8", "bgr8", "rgba8", "bgra8",
+                                                         "mono8"):
+            try:
+                return np.ascontiguousarray(self._bridge.imgmsg_to_cv2(msg, "rgb8"))
+            except Exception:  # cv_bridge errors are not typed; the core decoder says why
+                pass
+        return decode_image(msg.encoding, msg.height, msg.width, msg.step, msg.data)
+
+    def _state(self, joint_state: JointState) -> np.ndarray:
+        s = self.controller.settings
+        if s["state.source"] == "joint_state":
+            return state_from_joint_state(list(joint_state.name), joint_state.position,
+                                          list(s["state.joint_names"]))
+        fingers = state_from_joint_state(list(joint_state.name), joint_state.position,
+                                         list(s["state.gripper_joint_names"]))
+        try:
+            tf = self._tf_buffer.lookup_transform(s["state.base_frame"], s["state.ee_frame"],
+                                                  rclpy.time.Time())
+        except Exception as exc:
+            raise MolmoActError(
+                f"no transform {s['state.base_frame']} -> {s['state.ee_frame']} ({exc}); "
+                "check state.base_frame/state.ee_frame"
+            ) from None
+        t, q = tf.transform.translation, tf.transform.rotation
+        return state_from_pose([t.x, t.y, t.z], [q.x, q.y, q.z, q.w], fingers)
+
+    # -- outputs ---------------------------------------------------------------------------------
+    def _publish(self, out: Published) -> None:
+        from .msg import ActionChunk
+
+        s = out.settings
+        chunk = out.chunk
+        names = list(s["action_names"])
+        period = float(s["control_period_s"])
+        msg = ActionChunk()
+        msg.header.stamp.sec = chunk.observation_stamp_ns // 1_000_000_000
+        msg.header.stamp.nanosec = chunk.observation_stamp_ns % 1_000_000_000
+        msg.sequence = out.sequence
+        msg.variant = chunk.variant
+        msg.context_suffix_vision = s["context_suffix.vision"]
+        msg.context_suffix_llm = s["context_suffix.llm"]
+        msg.context_suffix_action = s["context_suffix.action"]
+        msg.flow_steps = chunk.flow_steps
+        msg.instruction = chunk.instruction
+        msg.action_names = names
+        msg.horizon, msg.action_dim = (int(d) for d in out.actions.shape)
+        msg.actions = out.actions.reshape(-1).astype(np.float32).tolist()
+        msg.period = _duration(period)
+        msg.inference_latency = _duration((out.ready_ns - out.received_ns) / 1e9)
+        traj = JointTrajectory()
+        traj.joint_names = names  # zero header stamp: the controller starts it on receipt
+        traj.points = [
+            JointTrajectoryPoint(positions=row.astype(float).tolist(),
+                                 time_from_start=_duration((i + 1) * period))
+            for i, row in enumerate(out.actions)
+        ]
+        if self._chunk_pub is not None:
+            self._chunk_pub.publish(msg)
+        if self._traj_pub is not None:
+            self._traj_pub.publish(traj)
+        if out.safety.clamped:
+            self.get_logger().warn(f"chunk {out.sequence}: {out.safety.describe()}",
+                                   throttle_duration_sec=5.0)
+
+    # -- parameters ------------------------------------------------------------------------------
+    def _read_settings(self) -> Settings:
+        values = {}
+        for spec in PARAMS:
+            value = self.get_parameter(spec.name).value
+            values[spec.name] = list(value) if isinstance(spec.default, list) else value
+        return Settings(values)
+
+    def _on_set_parameters(self, params: list[Parameter]) -> SetParametersResult:
+        changes = {}
+        for p in params:
+            if p.name in PARAMS_BY_NAME:
+                value = p.value
+                changes[p.name] = list(value) if isinstance(value, (list, tuple)) or (
+                    hasattr(value, "tolist")) else value
+        if not changes or self._reverting:
+            return SetParametersResult(successful=True)
+        ok, reason = self.controller.validate(changes)
+        if ok:
+            how = self.controller.apply(changes)
+            if how == "configure":
+                self.get_logger().info(f"{sorted(changes)} apply at the next configure")
+            elif how == "reload":
+                self.get_logger().info(f"reloading sessions in the background for {changes}")
+        return SetParametersResult(successful=ok, reason=reason)
+
+    def _swap_done(self, ok: bool, reason: str, settings: Settings) -> None:
+        if ok:
+            self.get_logger().info(f"now running {settings['variant']}")
+            return
+        self.get_logger().error(reason)
+        # Put the parameters back to what actually runs, without re-triggering a reload.
+        self._reverting = True
+        try:
+            self.set_parameters([Parameter(name, value=settings[name]) for name in
+                                 ("variant", "backend", *(f"context_suffix.{g}" for g in
+                                                          ("vision", "llm", "action")))])
+        finally:
+            self._reverting = False
+
+    # -- diagnostics -----------------------------------------------------------------------------
+    def _make_diagnostics(self):
+        try:
+            from diagnostic_msgs.msg import DiagnosticStatus
+            from diagnostic_updater import Updater
+        except ImportError:
+            self.get_logger().warn("diagnostic_updater not found: no /diagnostics")
+            return None
+        levels = {"ok": DiagnosticStatus.OK, "warn": DiagnosticStatus.WARN,
+                  "error": DiagnosticStatus.ERROR}
+        updater = Updater(self)
+        updater.setHardwareID("molmoact2")
+
+        def task(stat):
+            d = self.controller.diagnostics()
+            stat.summary(levels[d["level"]], d["message"])
+            for key, value in d["values"].items():
+                stat.add(key, str(value))
+            return stat
+
+        updater.add("policy", task)
+        return updater
+
+
+def main(args: list[str] | None = None) -> int:
+    """Spin the node with a multi-threaded executor; release the NPU on Ctrl-C / SIGTERM."""
+    rclpy.init(args=args)
+    node = PolicyNode()
+    executor = MultiThreadedExecutor()
+    executor.add_node(node)
+    try:
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node.release()
+        executor.shutdown()
+        node.destroy_node()
+        rclpy.try_shutdown()
+    return 0
+
+
+__all__ = ["PolicyNode", "main"]
