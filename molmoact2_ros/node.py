@@ -229,8 +229,8 @@ class PolicyNode(Node):
                                                          "mono8"):
             try:
                 return np.ascontiguousarray(self._bridge.imgmsg_to_cv2(msg, "rgb8"))
-            except Exception:  # cv_bridge errors are not typed; the core decoder says why
-                pass
+            except Exception as exc:  # cv_bridge errors are untyped; the core decoder says why
+                self.get_logger().debug(f"cv_bridge could not convert: {exc}")
         return decode_image(msg.encoding, msg.height, msg.width, msg.step, msg.data)
 
     def _state(self, joint_state: JointState) -> np.ndarray:
