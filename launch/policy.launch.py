@@ -1,0 +1,104 @@
+"""Launch the MolmoAct2 policy lifecycle node; optionally configure and activate it.
+
+    ros2 launch molmoact2_ros policy.launch.py bundle_root:=/data/molmoact2 variant:=grid_sampler
+
+Autostart uses lifecycle events (configure on process start, activate on reaching
+inactive), which works on Humble and Jazzy alike.
+"""
+
+import os
+
+import launch.events
+import launch_ros.actions
+import launch_ros.event_handlers
+import launch_ros.events.lifecycle
+import lifecycle_msgs.msg
+from ament_index_python.packages import get_package_share_directory
+from launch.actions import (
+    DeclareLaunchArgument,
+    EmitEvent,
+    LogInfo,
+    OpaqueFunction,
+    RegisterEventHandler,
+)
+from launch.substitutions import LaunchConfiguration
+
+import launch
+
+VARIANTS = ("grid_sampler", "lp_vtp_sd", "fused")
+TRUE = ("true", "1", "yes", "on")
+
+
+def _arguments():
+    share = get_package_share_directory("molmoact2_ros")
+    args = [
+        DeclareLaunchArgument("namespace", default_value="", description="node namespace"),
+        DeclareLaunchArgument("node_name", default_value="molmoact2_policy"),
+        DeclareLaunchArgument("variant", default_value="",
+                              description="grid_sampler | lp_vtp_sd | fused (empty: from files)"),
+        DeclareLaunchArgument("backend", default_value="",
+                              description="htp | onnx (empty: from files, default htp)"),
+        DeclareLaunchArgument("bundle_root", default_value="",
+                              description="folder with one sub-folder per variant bundle"),
+        DeclareLaunchArgument("base_params_file",
+                              default_value=os.path.join(share, "config", "policy.yaml"),
+                              description="defaults of every parameter (config/policy.yaml)"),
+        DeclareLaunchArgument("params_file", default_value="",
+                              description="extra parameter file loaded after the base one, "
+                              "e.g. config/lp_vtp_sd.yaml or your robot's file"),
+        DeclareLaunchArgument("instruction", default_value="",
+                              description="task instruction (empty keeps the params file value)"),
+        DeclareLaunchArgument("autostart", default_value="true",
+                              description="configure and activate on launch"),
+        DeclareLaunchArgument("use_sim_time", default_value="false",
+                              description="true for rosbag replay with --clock"),
+        DeclareLaunchArgument("log_level", default_value="info"),
+    ]
+    for v in VARIANTS:
+        args.append(DeclareLaunchArgument(f"bundle_{v}", default_value="",
+                                          description=f"folder of the {v} bundle"))
+    return args
+
+
+def _launch(context):
+    def arg(name):
+        return LaunchConfiguration(name).perform(context)
+
+    overrides = {"use_sim_time": arg("use_sim_time").lower() in TRUE}
+    for name in ("variant", "backend", "instruction"):
+        if arg(name):
+            overrides[name] = arg(name)
+    for v in VARIANTS:
+        path = arg(f"bundle_{v}") or (os.path.join(arg("bundle_root"), v)
+                                      if arg("bundle_root") else "")
+        if path:
+            overrides[f"bundle.{v}"] = path
+    node = launch_ros.actions.LifecycleNode(
+        package="molmoact2_ros",
+        executable="policy_node",
+        name=arg("node_name"),
+        namespace=arg("namespace"),
+        parameters=[p for p in (arg("base_params_file"), arg("params_file")) if p] + [overrides],
+        arguments=["--ros-args", "--log-level", arg("log_level")],
+        output="screen",
+        emulate_tty=True,
+    )
+    actions = [node]
+    if arg("autostart").lower() in TRUE:
+        configure = EmitEvent(event=launch_ros.events.lifecycle.ChangeState(
+            lifecycle_node_matcher=launch.events.matches_action(node),
+            transition_id=lifecycle_msgs.msg.Transition.TRANSITION_CONFIGURE))
+        activate = RegisterEventHandler(launch_ros.event_handlers.OnStateTransition(
+            target_lifecycle_node=node, start_state="configuring", goal_state="inactive",
+            entities=[
+                LogInfo(msg="molmoact2 policy configured; activating"),
+                EmitEvent(event=launch_ros.events.lifecycle.ChangeState(
+                    lifecycle_node_matcher=launch.events.matches_action(node),
+                    transition_id=lifecycle_msgs.msg.Transition.TRANSITION_ACTIVATE)),
+            ]))
+        actions += [activate, configure]
+    return actions
+
+
+def generate_launch_description():
+    return launch.LaunchDescription([*_arguments(), OpaqueFunction(function=_launch)])
