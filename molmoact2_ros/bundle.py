@@ -67,6 +67,8 @@ class Bundle:
     @classmethod
     def open(cls, root: Path | str, variant: str | None = None) -> Bundle:
         root = Path(root).expanduser()
+        if variant is not None:
+            get_variant(variant)  # an unknown name is reported with the valid ones
         if not root.is_dir():
             raise BundleError(f"bundle folder {root} does not exist; download or build it first")
         manifest: dict = {}
