@@ -1,4 +1,4 @@
-"""ROS-free install of molmoact2_ros (core, CLI, tests). colcon builds the ROS package with CMake."""
+"""ROS-free install of molmoact2_ros (core, CLI, tests); colcon builds it with CMake."""
 
 from pathlib import Path
 
