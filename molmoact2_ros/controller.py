@@ -124,15 +124,19 @@ class Controller:
         self.health = ("ok", "")
         self.state = INACTIVE
 
-    def activate(self) -> None:
+    def activate(self, *, worker: bool = True) -> None:
+        """Start accepting observations; ``worker=False`` leaves inference to the caller
+        (``process_pending``), which is how replay runs one chunk per observation in order."""
         self._require(INACTIVE, "activate")
         seed = self.settings["seed"]
         self.policy.reseed(None if seed < 0 else seed)
         self._last_action = None
         self._chunk_started_ns = None
-        self._running = True
-        self._thread = threading.Thread(target=self._loop, name="molmoact2-inference", daemon=True)
-        self._thread.start()
+        if worker:
+            self._running = True
+            self._thread = threading.Thread(target=self._loop, name="molmoact2-inference",
+                                            daemon=True)
+            self._thread.start()
         self.state = ACTIVE
 
     def deactivate(self) -> None:

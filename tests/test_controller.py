@@ -127,8 +127,7 @@ def test_inactive_observations_are_dropped(rig):
 def _active(ctl, trigger="on_observation"):
     ctl.settings = ctl.settings.with_changes({"trigger": trigger})
     ctl.configure()
-    ctl.activate()
-    ctl._stop_thread()  # drive process_pending by hand: deterministic
+    ctl.activate(worker=False)  # drive process_pending by hand: deterministic
 
 
 def test_stale_observation_never_acted_on(rig):
