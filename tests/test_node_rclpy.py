@@ -1,0 +1,195 @@
+"""The lifecycle node under a real rclpy (skipped where ROS 2 is absent).
+
+Run on a ROS 2 machine from the colcon install, so that the generated ``molmoact2_ros.msg``
+is importable: ``source install/setup.bash && pytest src/molmoact2_ros/tests``.
+"""
+
+from __future__ import annotations
+
+import array
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+rclpy = pytest.importorskip("rclpy")
+pytest.importorskip("molmoact2_ros.msg", reason="build with colcon and source install/setup.bash")
+
+from lifecycle_msgs.srv import GetState  # noqa: E402
+from molmoact2_ros.msg import ActionChunk  # noqa: E402
+from rcl_interfaces.srv import GetParameters, SetParameters  # noqa: E402
+from rclpy.executors import MultiThreadedExecutor  # noqa: E402
+from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
+from rclpy.parameter import Parameter  # noqa: E402
+from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data  # noqa: E402
+from sensor_msgs.msg import Image, JointState  # noqa: E402
+from trajectory_msgs.msg import JointTrajectory  # noqa: E402
+
+from molmoact2_ros.golden import load_npz  # noqa: E402
+from molmoact2_ros.node import PolicyNode  # noqa: E402
+from molmoact2_ros.params import PARAMS_BY_NAME  # noqa: E402
+
+SUCCESS = TransitionCallbackReturn.SUCCESS
+
+
+def wait_for(predicate, timeout=30.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+@pytest.fixture(scope="module")
+def rig(tiny_root):
+    rclpy.init()
+    ns = "t" + uuid.uuid4().hex[:8]
+    trace = load_npz(tiny_root / "grid_sampler" / "golden" / "e2e_trace.npz")
+    overrides = [Parameter(f"bundle.{v}", value=str(tiny_root / v))
+                 for v in ("grid_sampler", "lp_vtp_sd", "fused")]
+    overrides += [Parameter("backend", value="onnx"),
+                  Parameter("instruction", value=str(trace["instruction"])),
+                  Parameter("max_observation_age_s", value=5.0)]
+    node = PolicyNode(namespace=ns, parameter_overrides=overrides)
+    tester = rclpy.create_node("tester", namespace=ns)
+    executor = MultiThreadedExecutor(num_threads=4)
+    executor.add_node(node)
+    executor.add_node(tester)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    got = {"chunks": [], "trajs": []}
+    reliable = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+    tester.create_subscription(ActionChunk, f"/{ns}/molmoact2_policy/action_chunk",
+                               got["chunks"].append, reliable)
+    tester.create_subscription(JointTrajectory, f"/{ns}/molmoact2_policy/trajectory",
+                               got["trajs"].append, reliable)
+    pubs = [tester.create_publisher(Image, t, qos_profile_sensor_data)
+            for t in ("camera/agentview/image", "camera/wrist/image")]
+    pubs.append(tester.create_publisher(JointState, "joint_states", qos_profile_sensor_data))
+
+    def publish_observation():
+        stamp = tester.get_clock().now().to_msg()
+        for pub, img in zip(pubs[:2], (trace["image_primary"], trace["image_wrist"])):
+            msg = Image(height=img.shape[0], width=img.shape[1], encoding="rgb8",
+                        step=img.shape[1] * 3, data=array.array("B", img.tobytes()))
+            msg.header.stamp = stamp
+            pub.publish(msg)
+        js = JointState(name=list(PARAMS_BY_NAME["state.joint_names"].default),
+                        position=[float(x) for x in trace["state"]])
+        js.header.stamp = stamp
+        pubs[2].publish(js)
+
+    def call(srv_type, name, request, timeout=10.0):
+        client = tester.create_client(srv_type, f"/{ns}/molmoact2_policy/{name}")
+        assert client.wait_for_service(timeout_sec=10.0)
+        future = client.call_async(request)
+        assert wait_for(future.done, timeout)
+        tester.destroy_client(client)
+        return future.result()
+
+    def set_params(**values):
+        req = SetParameters.Request(parameters=[Parameter(k.replace("__", "."), value=v)
+                                                .to_parameter_msg() for k, v in values.items()])
+        return call(SetParameters, "set_parameters", req).results
+
+    yield node, got, publish_observation, call, set_params
+    node.release()
+    executor.shutdown()
+    node.destroy_node()
+    tester.destroy_node()
+    rclpy.try_shutdown()
+
+
+def _publish_until_chunk(rig, n_before, timeout=60.0):
+    node, got, publish, *_ = rig
+    deadline = time.time() + timeout
+    while time.time() < deadline and len(got["chunks"]) <= n_before:
+        publish()
+        wait_for(lambda: len(got["chunks"]) > n_before, 2.0)
+    return len(got["chunks"]) > n_before
+
+
+def test_configure_activate_and_publish_both_outputs(rig):
+    node, got, publish, call, _ = rig
+    assert node.trigger_configure() == SUCCESS
+    assert node.trigger_activate() == SUCCESS
+    assert _publish_until_chunk(rig, 0)
+    assert wait_for(lambda: got["trajs"], 10)
+    chunk, traj = got["chunks"][0], got["trajs"][0]
+    assert chunk.variant == "grid_sampler" and chunk.horizon == 10 and chunk.action_dim == 7
+    actions = np.asarray(chunk.actions, np.float32).reshape(10, 7)
+    assert np.all(np.isfinite(actions)) and chunk.flow_steps == 10
+    assert list(chunk.action_names) == list(PARAMS_BY_NAME["action_names"].default)
+    assert len(traj.points) == 10 and list(traj.joint_names) == list(chunk.action_names)
+    times = [p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in traj.points]
+    assert np.allclose(np.diff(times), 0.05) and times[0] == pytest.approx(0.05)
+    np.testing.assert_allclose(np.array([p.positions for p in traj.points]), actions, atol=1e-6)
+
+
+def test_parameters_good_and_bad(rig):
+    node, got, publish, call, set_params = rig
+    ok = set_params(flow_steps=4)[0]
+    assert ok.successful and node.controller.policy.flow_steps == 4
+    for values, fragment in (
+        ({"variant": "huge"}, "unknown variant"),
+        ({"flow_steps": 500}, "out of range"),  # rclpy enforces the declared range
+        ({"instruction": "pick up the black bowl " * 12}, "shorten it"),
+        ({"context_suffix__llm": "_w4a16"}, "quantised sets ship as HTP contexts only"),
+        ({"backend": "gpu"}, "unknown backend"),
+    ):
+        result = set_params(**values)[0]
+        assert not result.successful and fragment in result.reason, (values, result.reason)
+    assert node.get_parameter("variant").value == "grid_sampler"
+    assert set_params(flow_steps=0)[0].successful
+
+
+def test_services_answer_while_inference_runs(rig):
+    node, got, publish, call, set_params = rig
+    assert set_params(flow_steps=100)[0].successful  # a slow chunk
+    lock = node.controller._policy_lock
+    n = len(got["chunks"])
+    publish()
+    if not wait_for(lock.locked, 10):
+        pytest.skip("inference finished before the services could be called")
+    state = call(GetState, "get_state", GetState.Request())
+    params = call(GetParameters, "get_parameters", GetParameters.Request(names=["variant"]))
+    busy = lock.locked()
+    assert state.current_state.label == "active" and params.values[0].string_value == "grid_sampler"
+    assert busy, "services answered only after the chunk finished"
+    assert wait_for(lambda: len(got["chunks"]) > n, 60)
+    assert set_params(flow_steps=0)[0].successful
+
+
+def test_switch_variant_live(rig):
+    node, got, publish, call, set_params = rig
+    assert set_params(variant="lp_vtp_sd")[0].successful
+    assert wait_for(lambda: node.controller.settings["variant"] == "lp_vtp_sd"
+                    and node.controller.policy is not None, 60)
+    node.controller.wait_for_swap(60)
+    n = len(got["chunks"])
+    assert _publish_until_chunk(rig, n)
+    assert got["chunks"][-1].variant == "lp_vtp_sd" and got["chunks"][-1].flow_steps == 2
+
+
+def test_deactivate_and_cleanup_release_the_runtime(rig):
+    node, got, publish, call, _ = rig
+    assert node.trigger_deactivate() == SUCCESS
+    n = len(got["chunks"])
+    publish()
+    time.sleep(0.5)
+    assert len(got["chunks"]) == n  # inactive: nothing is published
+    assert node.trigger_cleanup() == SUCCESS
+    assert node.controller.policy is None
+    assert call(GetState, "get_state", GetState.Request()).current_state.label == "unconfigured"
+
+
+def test_configure_failure_is_reported_not_raised(rig):
+    node, *_, set_params = rig
+    assert set_params(variant="fused")[0].successful
+    node.set_parameters([Parameter("bundle.fused", value=str(node.controller.settings
+                                                               .bundle_path("grid_sampler")))])
+    assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+    assert node.controller.policy is None
