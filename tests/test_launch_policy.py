@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-launch_testing = pytest.importorskip("launch_testing")
+pytest.importorskip("launch_testing")
 pytest.importorskip("molmoact2_ros.msg", reason="build with colcon and source install/setup.bash")
 
 import launch_testing.actions  # noqa: E402
