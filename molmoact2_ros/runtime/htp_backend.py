@@ -1,0 +1,408 @@
+"""The resident HTP runtime: one spawned worker per session, a shared-memory arena, tiny messages.
+
+Six processes hold the seven sessions (vision, llm_split0..3, and action_context +
+action_step in the action worker). This process never imports qai_appbuilder: workers are
+started with the ``spawn`` method and each initialises QNN itself (qai_appbuilder.md §6–§7).
+Tensors never cross a pipe on the hot path: the host writes its inputs into arena views
+(``input_buffer``), vision writes ``image_embeds`` there, split *i* reads ``hidden_out{i-1}``
+and writes ``hidden_out{i}`` plus its layer slice of the K/V buffers the action worker reads,
+and the action worker runs the whole Euler loop locally. Requests are 9-byte frames.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import struct
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import BundleError, ContractError, RuntimeBackendError, WorkerFailed
+from ..host.conventions import Conventions
+from ..variants import ACTION_CONTEXT, ACTION_STEP, COMPONENTS, VISION, VariantSpec
+from .arena import Arena
+from .layout import plan_arena
+from .protocol import (
+    OP_ACTION,
+    OP_ATTACH,
+    OP_CALL,
+    OP_PING,
+    OP_RUN,
+    SessionSpec,
+    WorkerSpec,
+    dumps,
+    loads,
+)
+from .session import TensorInfo, bind_contracts
+from .supervisor import LIVE, Resources, WorkerHandle, install_signal_handlers, start_workers
+
+if TYPE_CHECKING:
+    from ..bundle import Bundle, Suffixes
+
+ACTION_WORKER = "action"
+
+
+@dataclass(frozen=True)
+class ResidentOptions:
+    """Keyword options of ``ResidentPipeline.open`` (``pipeline_options`` of the policy)."""
+
+    call_timeout_s: float = 30.0
+    start_timeout_s: float = 300.0
+    stop_timeout_s: float = 10.0
+    max_sessions: int = 7
+    device_ids: Mapping[str, int] = field(default_factory=dict)
+    loader: str = "qnn"
+    log_level: str = "ERROR"
+    perf_profile: str = "BURST"
+    install_signal_handlers: bool = False
+
+    @classmethod
+    def from_kwargs(cls, options: Mapping[str, object]) -> ResidentOptions:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise RuntimeBackendError(
+                f"unknown htp pipeline options {unknown}; known: {sorted(known)}"
+            )
+        opts = cls(**options)  # type: ignore[arg-type]
+        for name in ("call_timeout_s", "start_timeout_s", "stop_timeout_s"):
+            if not float(getattr(opts, name)) > 0:
+                raise RuntimeBackendError(f"{name} must be > 0, got {getattr(opts, name)}")
+        return opts
+
+
+def worker_groups(variant: VariantSpec) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Worker name → the components it holds (seven sessions, six processes)."""
+    return (
+        (VISION, (VISION,)),
+        *((split, (split,)) for split in variant.llm_splits),
+        (ACTION_WORKER, (ACTION_CONTEXT, ACTION_STEP)),
+    )
+
+
+class _Declared:
+    """A loaded session as a worker declared it (enough for ``bind_contracts``)."""
+
+    def __init__(self, name: str, inputs, outputs) -> None:
+        self.name, self.inputs, self.outputs = name, tuple(inputs), tuple(outputs)
+
+
+def _check_context_files(paths: Mapping[str, Path]) -> None:
+    from ..bundle import MIN_CONTEXT_BYTES
+
+    problems = []
+    for component, path in paths.items():
+        if not path.is_file():
+            problems.append(f"{component}: {path} is missing")
+        elif path.stat().st_size < MIN_CONTEXT_BYTES:
+            problems.append(f"{component}: {path} is only {path.stat().st_size} bytes (truncated)")
+    if problems:
+        raise BundleError(
+            "the htp backend needs every context binary:\n  - "
+            + "\n  - ".join(problems)
+            + "\ndownload the bundle's ctx/ folder, or pick the context suffix it ships"
+        )
+
+
+class ResidentPipeline:
+    """``Pipeline`` over resident worker processes and a shared-memory arena."""
+
+    def __init__(
+        self,
+        specs: list[WorkerSpec],
+        variant: VariantSpec,
+        conventions: Conventions,
+        options: ResidentOptions,
+    ) -> None:
+        self.variant = variant
+        self.conventions = conventions
+        self.options = options
+        self.contracts = variant.contracts(euler_in_graph=conventions.euler_in_graph)
+        sessions = sum(len(s.sessions) for s in specs)
+        if sessions > options.max_sessions:
+            raise RuntimeBackendError(
+                f"the resident set needs {sessions} HTP sessions but max_sessions is "
+                f"{options.max_sessions}; raise the cap only if the board holds them"
+            )
+        self._mp = multiprocessing.get_context("spawn")
+        self._resources = Resources(options.stop_timeout_s)
+        self._finalizer = weakref.finalize(self, self._resources.release)
+        self._workers = [WorkerHandle(spec, i) for i, spec in enumerate(specs)]
+        self._resources.workers = list(self._workers)
+        self._owner = {c: w for w in self._workers for c in w.spec.components}
+        self._failed: WorkerFailed | None = None
+        # one caller at a time (inference thread vs lifecycle/diagnostics); reentrant so
+        # a SIGTERM handler closing the pipeline mid-call does not deadlock
+        self._lock = threading.RLock()
+        self._timings: dict[str, float] = {}
+        try:
+            start_workers(self._workers, self._mp, self.options.start_timeout_s)
+            declared = self.declared
+            self.geometry = bind_contracts(
+                {c: _Declared(c, *declared[c]) for c in COMPONENTS}, self.contracts, variant
+            )
+            layout, self._bindings = plan_arena(declared, variant, self.geometry, len(specs))
+            self._arena = Arena.create(layout)
+            self._resources.arena = self._arena
+            self._arena.view("status")[...] = -1
+            self._attach(self._workers)
+        except BaseException:
+            self.close()
+            raise
+        self._views = self._arena.views()
+        self._x_shape = self._views["x0"].shape
+        self._status = self._views["status"]
+        LIVE.add(self)
+        if options.install_signal_handlers:
+            install_signal_handlers()
+
+    # -- construction --------------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        bundle: Bundle,
+        suffixes: Suffixes | None = None,
+        *,
+        conventions: Conventions | None = None,
+        **options,
+    ) -> ResidentPipeline:
+        """Start the workers on a bundle's context binaries (``ctx/``) and verify them."""
+        from ..bundle import Suffixes
+
+        opts = ResidentOptions.from_kwargs(options)
+        suffixes = suffixes or Suffixes()
+        conventions = conventions or bundle.conventions()
+        paths = {c: bundle.context_path(c, suffixes.for_component(c)) for c in COMPONENTS}
+        if opts.loader == "qnn":
+            _check_context_files(paths)
+        specs = [
+            WorkerSpec(
+                worker=name,
+                sessions=tuple(
+                    SessionSpec(c, str(paths[c]), f"molmoact2-{paths[c].stem}") for c in members
+                ),
+                variant=bundle.variant.name,
+                conventions=conventions,
+                loader=opts.loader,
+                device_id=int(opts.device_ids.get(name, 0)),
+                log_level=opts.log_level,
+                perf_profile=opts.perf_profile,
+            )
+            for name, members in worker_groups(bundle.variant)
+        ]
+        return cls(specs, bundle.variant, conventions, opts)
+
+    @classmethod
+    def open_null(
+        cls, variant: VariantSpec, conventions: Conventions | None = None, **options
+    ) -> ResidentPipeline:
+        """The same workers with null sessions (real tensor sizes, no compute): the benchmark."""
+        opts = ResidentOptions.from_kwargs({**options, "loader": "null"})
+        conventions = conventions or Conventions()
+        specs = [
+            WorkerSpec(
+                worker=name,
+                sessions=tuple(SessionSpec(c, "", f"null-{c}") for c in members),
+                variant=variant.name,
+                conventions=conventions,
+                loader="null",
+            )
+            for name, members in worker_groups(variant)
+        ]
+        return cls(specs, variant, conventions, opts)
+
+    def _attach(self, workers: list[WorkerHandle]) -> None:
+        """Hand the arena (fd over SCM_RIGHTS) and the slots to ``workers``."""
+        for worker in workers:
+            bindings = {c: self._bindings[c] for c in worker.spec.components}
+            payload = dumps((self._arena.layout, bindings, worker.index))
+            self._call(worker, OP_ATTACH, payload=payload, fd=self._arena.fileno(),
+                       timeout=self.options.start_timeout_s, during_recovery=True)
+
+    # -- Pipeline interface ----------------------------------------------------------------------
+    @property
+    def declared(self) -> dict[str, tuple[tuple[TensorInfo, ...], tuple[TensorInfo, ...]]]:
+        """Every session's tensors exactly as its worker reported them after the load."""
+        out: dict = {}
+        for worker in self._workers:
+            out.update(worker.declared)
+        return out
+
+    def _check_open(self) -> None:
+        if not self._finalizer.alive:
+            raise RuntimeBackendError("the resident pipeline is closed")
+
+    def input_buffer(self, name: str) -> np.ndarray:
+        from .pipeline import INPUT_BUFFERS
+
+        self._check_open()
+        if name not in INPUT_BUFFERS:
+            raise RuntimeBackendError(f"{name!r} is not an input buffer ({INPUT_BUFFERS})")
+        return self._views[name]
+
+    @property
+    def last_timings_ms(self) -> dict[str, float]:
+        return dict(self._timings)
+
+    def run_vision(self) -> np.ndarray:
+        with self._lock:
+            start = time.perf_counter()
+            self._timings = {}
+            (self._timings[VISION],) = self._run(self._owner[VISION], OP_RUN)
+            self._timings["ipc"] = (time.perf_counter() - start) * 1e3 - self._timings[VISION]
+            return self._views["image_embeds"]
+
+    def run_action(self, x0: np.ndarray, num_steps: int) -> np.ndarray:
+        steps = int(num_steps)
+        if steps < 1:
+            raise RuntimeBackendError(f"flow steps must be >= 1, got {num_steps}")
+        with self._lock:
+            self._check_open()
+            start = time.perf_counter()
+            np.copyto(self._views["x0"], np.asarray(x0, np.float32).reshape(self._x_shape))
+            worker_ms = 0.0
+            for split in self.variant.llm_splits:
+                (self._timings[split],) = self._run(self._owner[split], OP_RUN)
+                worker_ms += self._timings[split]
+            context_ms, steps_ms = self._run(self._owner[ACTION_CONTEXT], OP_ACTION, steps)
+            self._timings[ACTION_CONTEXT] = context_ms
+            self._timings[ACTION_STEP] = steps_ms
+            wall_ms = (time.perf_counter() - start) * 1e3
+            overhead = wall_ms - worker_ms - context_ms - steps_ms
+            self._timings["ipc"] = self._timings.get("ipc", 0.0) + overhead
+            return np.array(self._views["x_out"])
+
+    def run_component(self, component: str, feeds: Mapping[str, np.ndarray]) -> dict:
+        """One session on given feeds (golden parity): arrays go through the pipe here."""
+        worker = self._owner.get(component)
+        if worker is None:
+            raise RuntimeBackendError(f"unknown component {component!r}")
+        payload = dumps((component, {k: np.asarray(v) for k, v in feeds.items()}))
+        with self._lock:
+            return loads(self._call(worker, OP_CALL, payload=payload))  # type: ignore[return-value]
+
+    # -- health ------------------------------------------------------------------------------
+    @property
+    def failed(self) -> WorkerFailed | None:
+        """The failure that put the pipeline down (``restart()`` clears it)."""
+        return self._failed
+
+    def worker_pids(self) -> dict[str, int]:
+        return {w.name: w.pid for w in self._workers if w.pid is not None}
+
+    def ping(self) -> None:
+        """Round trip to every worker (raises WorkerFailed for the first one that fails)."""
+        with self._lock:
+            for worker in self._workers:
+                self._call(worker, OP_PING)
+
+    def restart(self) -> None:
+        """Respawn every dead, hung or failed worker and re-attach it to the same arena."""
+        with self._lock:
+            self._restart()
+
+    def _restart(self) -> None:
+        if not self._finalizer.alive:
+            raise RuntimeBackendError("the pipeline is closed; open a new one")
+        for worker in self._workers:
+            if worker.healthy:
+                try:
+                    self._call(worker, OP_PING, timeout=min(5.0, self.options.call_timeout_s),
+                               during_recovery=True)
+                except WorkerFailed:
+                    pass
+        try:
+            self._respawn([w for w in self._workers if not w.healthy])
+        except WorkerFailed as exc:
+            self._failed = exc
+            raise
+        self._failed = None
+
+    def _respawn(self, stale: list[WorkerHandle]) -> None:
+        if stale:
+            self._resources.stop_workers(stale)
+            fresh = [WorkerHandle(w.spec, w.index) for w in stale]
+            for old, new in zip(stale, fresh):
+                self._workers[old.index] = new
+                self._resources.workers[self._resources.workers.index(old)] = new
+                for component in new.spec.components:
+                    self._owner[component] = new
+            start_workers(fresh, self._mp, self.options.start_timeout_s)
+            for old, new in zip(stale, fresh):
+                if new.declared != old.declared and old.declared:
+                    raise ContractError(
+                        f"worker {new.name} came back with different tensors than before "
+                        f"({new.declared} vs {old.declared}); the context files changed on disk: "
+                        "close this pipeline and open a new one"
+                    )
+            for new in fresh:
+                self._status[new.index] = -1
+            self._attach(fresh)
+
+    def close(self) -> None:
+        """Stop the workers (perf vote and contexts released in each), free the arena."""
+        LIVE.discard(self)
+        with self._lock:
+            self._finalizer()
+        self._views = {}  # drop our views so the mapping goes as soon as the caller's do
+        self._status = None
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def __enter__(self) -> ResidentPipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- calls -------------------------------------------------------------------------------
+    def _run(self, worker: WorkerHandle, op: int, arg: int = 0) -> tuple[float, ...]:
+        payload = self._call(worker, op, arg)
+        return struct.unpack(f"<{len(payload) // 8}d", payload)
+
+    def _call(
+        self,
+        worker: WorkerHandle,
+        op: int,
+        arg: int = 0,
+        *,
+        payload: bytes = b"",
+        fd: int | None = None,
+        timeout: float | None = None,
+        during_recovery: bool = False,
+    ) -> bytes:
+        """One request/reply; a failure marks the worker and puts the pipeline down."""
+        if not self._finalizer.alive:
+            raise RuntimeBackendError("the resident pipeline is closed")
+        if self._failed is not None and not during_recovery:
+            raise WorkerFailed(
+                f"the resident pipeline is down ({self._failed}); call restart()",
+                worker=self._failed.worker,
+                session=self._failed.session,
+            )
+        try:
+            return worker.request(
+                op,
+                arg,
+                payload=payload,
+                fd=fd,
+                timeout=self.options.call_timeout_s if timeout is None else timeout,
+                running=lambda: self._session_of(worker),
+            )
+        except WorkerFailed as exc:
+            self._failed = exc
+            raise
+
+    def _session_of(self, worker: WorkerHandle) -> str:
+        """The session a worker was running (from its arena status word), else all it holds."""
+        status = getattr(self, "_status", None)
+        index = int(status[worker.index]) if status is not None else -1
+        return COMPONENTS[index] if 0 <= index < len(COMPONENTS) else worker.sessions_label()

@@ -1,0 +1,268 @@
+"""Session loaders that run inside a worker process: qai_appbuilder (HTP) and null (bench).
+
+The worker code is the same for both; only the loader differs. ``qai_appbuilder`` is imported
+here, inside the spawned worker, never in the orchestrator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from ..variants import get_variant
+from .protocol import SessionSpec, WorkerSpec
+from .session import NUMPY_DTYPES, TensorInfo
+
+#: ``getInputDataType()`` strings (QnnSampleApp ``dataTypeToString``) → our dtype names.
+QNN_DTYPES = {
+    "float16": "float16",
+    "float32": "float32",
+    "int32": "int32",
+    "int64": "int64",
+    "uint8": "uint8",
+    "bool_": "bool",
+    "bool": "bool",
+}
+QUANTIZED_QNN_DTYPES = frozenset({"ufp8", "ufp16", "sfp8", "sfp16", "uint16", "int16", "int8"})
+
+
+class LoadFailed(Exception):
+    """A session did not load or does not look like its contract."""
+
+    def __init__(self, session: str, message: str) -> None:
+        super().__init__(message)
+        self.session = session
+
+
+class InferenceFailed(Exception):
+    """A session ran but produced nothing usable."""
+
+    def __init__(self, session: str, message: str) -> None:
+        super().__init__(message)
+        self.session = session
+
+
+class WorkerSession(Protocol):
+    """One loaded graph in a worker: arrays in ``inputs`` order in, ``outputs`` order out."""
+
+    component: str
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+
+    def infer(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Run once; ``arrays`` are C-contiguous, in the declared dtypes."""
+
+    def release(self) -> None:
+        """Free the session; idempotent."""
+
+
+class SessionLoader(Protocol):
+    """Process-wide runtime set-up, session loading, perf vote and its release."""
+
+    def load(self, spec: SessionSpec) -> WorkerSession: ...
+
+    def boost(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def make_loader(spec: WorkerSpec) -> SessionLoader:
+    if spec.loader == "qnn":
+        return QnnLoader(spec)
+    if spec.loader == "null":
+        return NullLoader(spec)
+    raise LoadFailed(spec.worker, f"unknown session loader {spec.loader!r} (qnn, null)")
+
+
+# -- qai_appbuilder ------------------------------------------------------------------------------
+class QnnLoader:
+    """``QNNConfig.Config`` once per process, native-I/O ``QNNContext``s, one global perf vote."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        try:
+            import qai_appbuilder as qai
+        except Exception as exc:  # ImportError, or OSError from its ctypes preloads
+            raise LoadFailed(
+                spec.components[0],
+                f"cannot import qai_appbuilder ({type(exc).__name__}: {exc}); install "
+                "qai-appbuilder==2.51.40 on the aarch64 host (pip install 'molmoact2_ros[htp]')",
+            ) from None
+        self.qai = qai
+        self.spec = spec
+        self._voted = False
+        qai.QNNConfig.Config(
+            runtime=qai.Runtime.HTP,
+            log_level=getattr(qai.LogLevel, spec.log_level.upper()),
+            profiling_level=qai.ProfilingLevel.OFF,
+        )
+
+    def load(self, spec: SessionSpec) -> QnnSession:
+        return QnnSession(self.qai, spec, self.spec)
+
+    def boost(self) -> None:
+        perf = self.qai.PerfProfile
+        perf.SetPerfProfileGlobal(getattr(perf, self.spec.perf_profile.upper()))
+        self._voted = True
+
+    def shutdown(self) -> None:
+        if self._voted:
+            self._voted = False
+            self.qai.PerfProfile.RelPerfProfileGlobal()
+
+
+class QnnSession:
+    """One ``QNNContext`` with native I/O, verified after load (the library never raises)."""
+
+    def __init__(self, qai, spec: SessionSpec, worker: WorkerSpec) -> None:
+        self.component = spec.component
+        self.path = spec.path
+        self._ctx = qai.QNNContext(
+            model_name=spec.model_name,
+            model_path=spec.path,
+            input_data_type=qai.DataType.NATIVE,
+            output_data_type=qai.DataType.NATIVE,
+            deviceID=worker.device_id,
+        )
+        try:
+            self.inputs, self.outputs = self._verify()
+        except Exception:
+            self.release()
+            raise
+        self._out_dtypes = [np.dtype(NUMPY_DTYPES[o.dtype]) for o in self.outputs]
+
+    def _verify(self) -> tuple[tuple[TensorInfo, ...], tuple[TensorInfo, ...]]:
+        ctx, name = self._ctx, self.component
+        graph = ctx.getGraphName(0)
+        if not graph:
+            raise LoadFailed(
+                name,
+                f"{self.path} did not load: the context reports no graph (qai_appbuilder "
+                "logs the QNN error but does not raise). Usual causes: the binary was built "
+                "with a newer QAIRT than the runtime in the wheel, for another SoC/arch, or "
+                "the DSP ran out of memory; run `molmoact2 doctor` and check the QNN log",
+            )
+        if graph != name:
+            raise LoadFailed(
+                name,
+                f"{self.path} holds graph {graph!r}, not {name!r}; the file is misnamed or "
+                "belongs to another component",
+            )
+        inputs = _tensor_infos(
+            name, "input", ctx.getInputName(0), ctx.getInputShapes(0), ctx.getInputDataType(0)
+        )
+        outputs = _tensor_infos(
+            name, "output", ctx.getOutputName(0), ctx.getOutputShapes(0),
+            ctx.getOutputDataType(0),
+        )
+        return inputs, outputs
+
+    def infer(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        # Inference mutates the list it gets (items become flattened views): pass a fresh one.
+        out = self._ctx.Inference(list(arrays))
+        if not out:
+            raise InferenceFailed(
+                self.component,
+                "Inference returned no outputs (qai_appbuilder reports failed inferences only "
+                "in its log: wrong input count or size, or a DSP error)",
+            )
+        if len(out) != len(self.outputs):
+            raise InferenceFailed(
+                self.component,
+                f"Inference returned {len(out)} outputs, expected {len(self.outputs)}",
+            )
+        return [
+            _native_output(self.component, arr, info, dtype)
+            for arr, info, dtype in zip(out, self.outputs, self._out_dtypes)
+        ]
+
+    def release(self) -> None:
+        ctx, self._ctx = getattr(self, "_ctx", None), None
+        if ctx is not None:
+            ctx.release()
+
+
+def _tensor_infos(
+    component: str, kind: str, names: Sequence[str], shapes: Sequence, dtypes: Sequence[str]
+) -> tuple[TensorInfo, ...]:
+    if not names or not (len(names) == len(shapes) == len(dtypes)):
+        raise LoadFailed(
+            component,
+            f"the context reports {len(names)} {kind} names, {len(shapes)} shapes and "
+            f"{len(dtypes)} dtypes; it did not load completely (rank-0 tensors are not supported)",
+        )
+    infos = []
+    for name, shape, qnn_dtype in zip(names, shapes, dtypes):
+        dtype = QNN_DTYPES.get(str(qnn_dtype))
+        if dtype is None:
+            hint = (
+                "native quantized I/O needs a scale/offset the API does not expose; compile "
+                "the context with fp16 I/O"
+                if qnn_dtype in QUANTIZED_QNN_DTYPES
+                else "unsupported"
+            )
+            raise LoadFailed(component, f"{kind} {name} has dtype {qnn_dtype}: {hint}")
+        infos.append(TensorInfo(str(name), tuple(int(d) for d in shape), dtype))
+    return tuple(infos)
+
+
+def _native_output(
+    component: str, arr: np.ndarray, info: TensorInfo, dtype: np.dtype
+) -> np.ndarray:
+    """Re-view a native output by its declared dtype (int32 comes back labelled float32)."""
+    if arr.dtype != dtype:
+        if arr.dtype.itemsize != dtype.itemsize:
+            raise InferenceFailed(
+                component, f"output {info.name} came back as {arr.dtype}, declared {info.dtype}"
+            )
+        arr = arr.view(dtype)
+    size = int(np.prod(info.shape, dtype=np.int64))
+    if arr.size != size:
+        raise InferenceFailed(
+            component, f"output {info.name} has {arr.size} elements, {info.describe()} declared"
+        )
+    return arr.reshape(info.shape)
+
+
+# -- null (host-overhead benchmark) -------------------------------------------------------------
+class NullLoader:
+    """No compute: outputs of the real tensor sizes, fp16 like the HTP, preallocated."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        from .null_backend import null_sessions
+
+        self._sessions = null_sessions(
+            get_variant(spec.variant),
+            euler_in_graph=spec.conventions.euler_in_graph,
+            dtype="float16",
+        )
+
+    def load(self, spec: SessionSpec) -> NullWorkerSession:
+        return NullWorkerSession(self._sessions[spec.component])
+
+    def boost(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+class NullWorkerSession:
+    """A ``NullSession`` behind the list-in/list-out worker interface."""
+
+    def __init__(self, session) -> None:
+        self.component = session.name
+        self.inputs = session.inputs
+        self.outputs = session.outputs
+        self._out = [
+            np.zeros(o.shape, NUMPY_DTYPES[o.dtype]) for o in self.outputs
+        ]
+
+    def infer(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        if len(arrays) != len(self.inputs):
+            raise InferenceFailed(self.component, f"got {len(arrays)} inputs")
+        return list(self._out)
+
+    def release(self) -> None:
+        self._out = []

@@ -1,0 +1,113 @@
+"""Orchestrator ↔ worker protocol: picklable specs for start-up, fixed-size frames on the hot path.
+
+Every message is one ``send_bytes`` frame. Requests start with ``REQUEST`` (op, seq, arg: 9
+bytes); replies with ``REPLY`` (status, seq: 5 bytes). Hot-path payloads are a few float64
+timings; only start-up (``READY``/``ATTACH``) and ``CALL`` (golden parity) carry a pickle.
+Pickles only ever travel between the orchestrator and the workers it spawned.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..host.conventions import Conventions
+
+REQUEST = struct.Struct("<BII")
+REPLY = struct.Struct("<BI")
+
+# requests
+OP_RUN = 1  # run the worker's session from arena inputs to arena outputs
+OP_ACTION = 2  # action worker: action_context once, then arg Euler steps; x0 → x_out
+OP_CALL = 3  # run one session on pickled feeds, reply pickled outputs (parity, doctor)
+OP_ATTACH = 4  # pickled (layout, bindings, status index); the arena fd follows (SCM_RIGHTS)
+OP_PING = 5
+OP_STOP = 6  # release the perf vote and the contexts, reply, exit
+
+# replies
+ST_OK = 1
+ST_ERROR = 2  # payload: "<session>\0<message>" (utf-8)
+ST_READY = 3  # payload: pickled {component: (inputs, outputs)}
+ST_LOAD_FAILED = 4  # payload: "<session>\0<message>"
+
+OP_NAMES = {
+    OP_RUN: "a run request",
+    OP_ACTION: "the action loop",
+    OP_CALL: "a component call",
+    OP_ATTACH: "arena attach",
+    OP_PING: "ping",
+    OP_STOP: "stop",
+}
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """One session a worker loads: component, context path, a process-unique model name."""
+
+    component: str
+    path: str
+    model_name: str
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker process needs to start; pickled into the spawned child."""
+
+    worker: str
+    sessions: tuple[SessionSpec, ...]
+    variant: str
+    conventions: Conventions
+    loader: str = "qnn"
+    device_id: int = 0
+    log_level: str = "ERROR"
+    perf_profile: str = "BURST"
+    lifeline_grace_s: float = 2.0
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        return tuple(s.component for s in self.sessions)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Arena region a tensor lives in; ``layers`` slices axis 0 (an LLM split's KV layers)."""
+
+    region: str
+    layers: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Which of a session's inputs/outputs live in the arena (the rest stay worker-local)."""
+
+    component: str
+    inputs: Mapping[str, Slot] = field(default_factory=dict)
+    outputs: Mapping[str, Slot] = field(default_factory=dict)
+
+
+def request(op: int, seq: int, arg: int = 0, payload: bytes = b"") -> bytes:
+    return REQUEST.pack(op, seq, arg) + payload
+
+
+def reply(status: int, seq: int, payload: bytes = b"") -> bytes:
+    return REPLY.pack(status, seq) + payload
+
+
+def error_payload(session: str, message: str) -> bytes:
+    return f"{session}\0{message}".encode("utf-8", "replace")
+
+
+def split_error(payload: bytes) -> tuple[str, str]:
+    session, _, message = payload.decode("utf-8", "replace").partition("\0")
+    return session, message
+
+
+def dumps(obj: object) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def loads(data: bytes) -> object:
+    """Unpickle a frame from our own peer process (never data from files or the network)."""
+    return pickle.loads(data)  # noqa: S301

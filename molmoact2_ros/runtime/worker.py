@@ -1,0 +1,290 @@
+"""The resident worker process: load its session(s), map the arena, serve byte-sized requests.
+
+``worker_main`` is the ``multiprocessing`` (spawn) target. It runs the same code whatever the
+session loader is (``qnn`` on the IQ-9075, ``null`` for the host-overhead benchmark). The
+worker exits by itself when the orchestrator goes away: EOF on its control socket when idle,
+and a lifeline watchdog thread when busy or hung (``PR_SET_PDEATHSIG`` is not used: it fires
+when the *thread* that spawned the worker exits, which a background reload thread does).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import sys
+import threading
+import time
+from multiprocessing import reduction
+from multiprocessing.connection import Connection
+
+import numpy as np
+
+from ..host.flow import euler_update, timesteps
+from ..variants import ACTION_CONTEXT, ACTION_STEP, COMPONENTS
+from .arena import Arena
+from .loaders import InferenceFailed, LoadFailed, SessionLoader, WorkerSession, make_loader
+from .protocol import (
+    OP_ACTION,
+    OP_ATTACH,
+    OP_CALL,
+    OP_PING,
+    OP_RUN,
+    OP_STOP,
+    REQUEST,
+    ST_ERROR,
+    ST_LOAD_FAILED,
+    ST_OK,
+    ST_READY,
+    Binding,
+    Slot,
+    WorkerSpec,
+    dumps,
+    error_payload,
+    loads,
+    reply,
+)
+from .session import NUMPY_DTYPES, TensorInfo, cast_feeds
+
+EXIT_OK = 0
+EXIT_LOAD_FAILED = 3
+EXIT_ORPHANED = 70
+
+
+def worker_main(spec: WorkerSpec, conn: Connection, lifeline: Connection) -> None:
+    """Process entry point; never returns (``os._exit`` dodges the known teardown crash)."""
+    # Ctrl-C reaches the whole process group; the orchestrator decides when workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _watch_lifeline(lifeline, spec.lifeline_grace_s)
+    code = EXIT_OK
+    try:
+        code = _Server(spec, conn).serve()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _watch_lifeline(lifeline: Connection, grace_s: float) -> None:
+    """Exit when the orchestrator's end of the lifeline closes and we did not stop in time."""
+
+    def watch() -> None:
+        try:
+            while True:
+                lifeline.recv_bytes()
+        except (EOFError, OSError):
+            pass
+        time.sleep(grace_s)
+        os._exit(EXIT_ORPHANED)
+
+    threading.Thread(target=watch, name="molmoact2-lifeline", daemon=True).start()
+
+
+def _slot_view(arena: Arena, slot: Slot, info: TensorInfo) -> np.ndarray:
+    view = arena.view(slot.region)
+    if slot.layers is not None:
+        view = view[slot.layers[0] : slot.layers[1]]
+    if view.size != int(np.prod(info.shape, dtype=np.int64)):
+        raise LoadFailed("", f"arena region {slot.region} does not fit {info.describe()}")
+    return view.reshape(info.shape)
+
+
+class BoundSession:
+    """A session wired to the arena: inputs gathered without copies, outputs copied in place."""
+
+    def __init__(self, session: WorkerSession, binding: Binding, arena: Arena) -> None:
+        self.session = session
+        self.arrays: list[np.ndarray] = []
+        self._casts: list[tuple[np.ndarray, np.ndarray]] = []
+        self._local: dict[str, tuple[int, np.ndarray]] = {}
+        for index, info in enumerate(session.inputs):
+            dtype = np.dtype(NUMPY_DTYPES[info.dtype])
+            slot = binding.inputs.get(info.name)
+            if slot is None:
+                array = np.zeros(info.shape, dtype)
+                self._local[info.name] = (index, array)
+            else:
+                view = _slot_view(arena, slot, info)
+                array = view if view.dtype == dtype else np.empty(info.shape, dtype)
+                if array is not view:
+                    self._casts.append((view, array))
+            self.arrays.append(array)
+        self.outputs = [
+            _slot_view(arena, binding.outputs[o.name], o) if o.name in binding.outputs else None
+            for o in session.outputs
+        ]
+        self.output_index = {o.name: i for i, o in enumerate(session.outputs)}
+
+    def write(self, name: str, value: np.ndarray | float) -> None:
+        """Copy into a worker-local input (cast to its dtype)."""
+        index, buffer = self._local[name]
+        np.copyto(buffer, value, casting="unsafe")
+        self.arrays[index] = buffer
+
+    def adopt(self, name: str, array: np.ndarray) -> None:
+        """Use ``array`` as a local input without a copy when dtype and shape already fit."""
+        index, buffer = self._local[name]
+        if array.dtype == buffer.dtype and array.shape == buffer.shape:
+            self.arrays[index] = np.ascontiguousarray(array)
+        else:
+            self.write(name, array.reshape(buffer.shape))
+
+    def run(self) -> list[np.ndarray]:
+        for src, dst in self._casts:
+            np.copyto(dst, src, casting="unsafe")
+        outs = self.session.infer(self.arrays)
+        for dst, out in zip(self.outputs, outs):
+            if dst is not None:
+                np.copyto(dst, out, casting="unsafe")
+        return outs
+
+
+class _Server:
+    """One worker's state and request loop."""
+
+    def __init__(self, spec: WorkerSpec, conn: Connection) -> None:
+        self.spec = spec
+        self.conn = conn
+        self.loader: SessionLoader | None = None
+        self.sessions: dict[str, WorkerSession] = {}
+        self.bound: dict[str, BoundSession] = {}
+        self.arena: Arena | None = None
+        self.status: np.ndarray | None = None
+        self.current = spec.components[0]
+
+    # -- life cycle --------------------------------------------------------------------------
+    def start(self) -> bool:
+        try:
+            self.loader = make_loader(self.spec)
+            for session_spec in self.spec.sessions:
+                self.current = session_spec.component
+                self.sessions[session_spec.component] = self.loader.load(session_spec)
+            self.loader.boost()
+        except LoadFailed as exc:
+            payload = error_payload(exc.session or self.current, str(exc))
+            self._send(reply(ST_LOAD_FAILED, 0, payload))
+            return False
+        except Exception as exc:  # QNNConfig raises ValueError when its libs are missing
+            message = f"{type(exc).__name__}: {exc}"
+            self._send(reply(ST_LOAD_FAILED, 0, error_payload(self.current, message)))
+            return False
+        declared = {c: (s.inputs, s.outputs) for c, s in self.sessions.items()}
+        self._send(reply(ST_READY, 0, dumps(declared)))
+        return True
+
+    def shutdown(self) -> None:
+        """Release the perf vote, then every context (the documented order)."""
+        if self.loader is not None:
+            try:
+                self.loader.shutdown()
+            except Exception as exc:
+                print(f"molmoact2 worker {self.spec.worker}: perf release: {exc}", file=sys.stderr)
+        for session in self.sessions.values():
+            try:
+                session.release()
+            except Exception as exc:
+                print(f"molmoact2 worker {self.spec.worker}: release: {exc}", file=sys.stderr)
+        self.sessions.clear()
+
+    def serve(self) -> int:
+        if not self.start():
+            self.shutdown()
+            return EXIT_LOAD_FAILED
+        while True:
+            try:
+                frame = self.conn.recv_bytes()
+            except (EOFError, OSError):  # the orchestrator is gone
+                self.shutdown()
+                return EXIT_OK
+            op, seq, arg = REQUEST.unpack_from(frame)
+            if op == OP_STOP:
+                self.shutdown()
+                self._send(reply(ST_OK, seq))
+                return EXIT_OK
+            try:
+                answer = reply(ST_OK, seq, self.handle(op, arg, frame[REQUEST.size :]))
+            except (LoadFailed, InferenceFailed) as exc:
+                answer = reply(ST_ERROR, seq, error_payload(exc.session or self.current, str(exc)))
+            except Exception as exc:
+                message = f"{type(exc).__name__}: {exc}"
+                answer = reply(ST_ERROR, seq, error_payload(self.current, message))
+            if self.status is not None:
+                self.status[...] = -1  # idle again, before the orchestrator hears back
+            self._send(answer)
+
+    def _send(self, frame: bytes) -> None:
+        try:
+            self.conn.send_bytes(frame)
+        except OSError:
+            pass  # orchestrator gone; the next recv sees EOF
+
+    # -- requests ----------------------------------------------------------------------------
+    def handle(self, op: int, arg: int, payload: bytes) -> bytes:
+        if op == OP_RUN:
+            component = self.spec.components[0]
+            start = time.perf_counter()
+            self._bound(component).run()
+            return struct.pack("<d", (time.perf_counter() - start) * 1e3)
+        if op == OP_ACTION:
+            return struct.pack("<dd", *self.run_action(arg))
+        if op == OP_CALL:
+            component, feeds = loads(payload)
+            return dumps(self.call(component, feeds))
+        if op == OP_ATTACH:
+            self.attach(payload)
+            return b""
+        if op == OP_PING:
+            return b""
+        raise ValueError(f"unknown request op {op}")
+
+    def attach(self, payload: bytes) -> None:
+        layout, bindings, status_index = loads(payload)
+        fd = reduction.recv_handle(self.conn)
+        self.arena = Arena.attach(layout, fd)
+        self.status = self.arena.view("status")[status_index : status_index + 1]
+        self.bound = {
+            c: BoundSession(self.sessions[c], bindings[c], self.arena) for c in self.sessions
+        }
+
+    def _bound(self, component: str) -> BoundSession:
+        if not self.bound:
+            raise RuntimeError("the arena is not attached yet")
+        self.current = component
+        if self.status is not None:
+            self.status[0] = COMPONENTS.index(component)
+        return self.bound[component]
+
+    def call(self, component: str, feeds: dict) -> dict[str, np.ndarray]:
+        """Run one session on given feeds (golden parity): arrays through the pipe."""
+        if component not in self.sessions:
+            raise ValueError(f"worker {self.spec.worker} does not hold {component}")
+        self.current = component
+        if self.status is not None:
+            self.status[0] = COMPONENTS.index(component)
+        session = self.sessions[component]
+        cast = cast_feeds(feeds, session.inputs)
+        outs = session.infer([cast[i.name] for i in session.inputs])
+        return {o.name: np.array(a) for o, a in zip(session.outputs, outs)}
+
+    def run_action(self, num_steps: int) -> tuple[float, float]:
+        """action_context once, then the whole Euler loop here; x_N goes to the arena."""
+        if self.arena is None:
+            raise RuntimeError("the arena is not attached yet")
+        conv = self.spec.conventions
+        t0 = time.perf_counter()
+        context = self._bound(ACTION_CONTEXT)
+        outs = context.run()
+        step = self._bound(ACTION_STEP)
+        for name, index in context.output_index.items():
+            step.adopt(name, outs[index])
+        t1 = time.perf_counter()
+        pad = self.arena.view("action_dim_is_pad")
+        keep = (np.float32(1.0) - pad.reshape(1, 1, -1).astype(np.float32)).astype(np.float32)
+        x = np.array(self.arena.view("x0"), dtype=np.float32)
+        out_index = step.output_index["next_trajectory" if conv.euler_in_graph else "velocity"]
+        for t in timesteps(num_steps):
+            step.write("trajectory", x)
+            step.write("timestep", t)
+            x = euler_update(x, step.run()[out_index], keep, num_steps, conv)
+        self.arena.view("x_out")[...] = x
+        return (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3

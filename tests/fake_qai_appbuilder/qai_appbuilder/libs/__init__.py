@@ -1,0 +1,1 @@
+# the real wheel ships an empty package marker here too
