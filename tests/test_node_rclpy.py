@@ -193,3 +193,27 @@ def test_configure_failure_is_reported_not_raised(rig):
                                                                .bundle_path("grid_sampler")))])
     assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
     assert node.controller.policy is None
+
+
+def test_htp_backend_cleanup_leaves_no_worker(rig, tiny_root, monkeypatch):
+    """With the HTP backend (the fake qai_appbuilder underneath) the six workers exist while
+    configured and are gone after cleanup."""
+    from htp_helpers import Snapshot, ensure_contexts, fake_env
+
+    ensure_contexts(tiny_root)
+    fake_env(monkeypatch)
+    before = Snapshot.take()
+    overrides = [Parameter("bundle.grid_sampler", value=str(tiny_root / "grid_sampler")),
+                 Parameter("backend", value="htp"),
+                 Parameter("instruction", value="put the bowl on the plate")]
+    node = PolicyNode(namespace="htp" + uuid.uuid4().hex[:6], parameter_overrides=overrides)
+    try:
+        assert node.trigger_configure() == SUCCESS
+        assert len(Snapshot.take().children - before.children) == 6
+        assert node.trigger_activate() == SUCCESS
+        assert node.trigger_deactivate() == SUCCESS
+        assert node.trigger_cleanup() == SUCCESS
+        assert Snapshot.take().leaks_since(before) == []
+    finally:
+        node.release()
+        node.destroy_node()
