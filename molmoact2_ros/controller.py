@@ -37,6 +37,7 @@ class PolicyLike(Protocol):
     def set_instruction(self, instruction: str) -> None: ...
     def set_flow_steps(self, steps: int) -> None: ...
     def reseed(self, seed: int | None) -> None: ...
+    def recover(self) -> None: ...
     def close(self) -> None: ...
 
 
@@ -252,6 +253,9 @@ class Controller:
                 self.drops[type(exc).__name__] += 1
                 self._report_error(exc)
                 return None
+            finally:
+                if self.health[0] == "error" and self.health[1].startswith("runtime failed"):
+                    self._recover()
         lower, upper, delta = settings.limits()
         try:
             actions, report = apply_safety(
@@ -280,12 +284,24 @@ class Controller:
         self._publish(published)
         return published
 
+    def _recover(self) -> None:
+        """Restart the runtime after a worker failure; the next observation runs on it."""
+        try:
+            self.policy.recover()
+        except Exception as exc:
+            self.health = ("error", f"{self.health[1]}; restart failed: {exc}")
+            log.error("runtime restart failed: %s", str(exc))
+            return
+        self.counts["runtime_restarts"] += 1
+        self.health = ("warn", f"recovered: {self.health[1]}")
+        log.warning("runtime restarted after a failure")
+
     def _report_error(self, exc: Exception) -> None:
         from .errors import RuntimeBackendError
 
         if isinstance(exc, RuntimeBackendError):
             self.health = ("error", f"runtime failed: {exc}")
-        log.error("inference skipped: %s", exc)
+        log.error("inference skipped: %s", str(exc))  # a string: records keep no traceback
 
     # -- parameters ------------------------------------------------------------------------------
     def validate(self, changes: dict) -> tuple[bool, str]:

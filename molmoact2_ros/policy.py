@@ -213,6 +213,10 @@ class Policy:
         self.pipeline.input_buffer("action_dim_is_pad")[...] = self._pad
         self._written_plan = plan
 
+    def recover(self) -> None:
+        """Restart a failed runtime (dead or hung HTP workers); raises if it cannot."""
+        self.pipeline.restart()
+
     def close(self) -> None:
         self.pipeline.close()
 

@@ -26,6 +26,7 @@ class FakeRuntime:
         self.closed = False
         self.predicted = []
         self.gate = None
+        self.fail_recover = False
         events.append(("load", self.name))
 
     def predict(self, obs):
@@ -50,6 +51,12 @@ class FakeRuntime:
 
     def reseed(self, seed):
         pass
+
+    def recover(self):
+        self.events.append(("recover", self.name))
+        if self.fail_recover:
+            raise RuntimeBackendError("respawn failed")
+        self.fail_predict = None
 
     def close(self):
         assert not self.closed, "closed twice"
@@ -337,3 +344,31 @@ def test_param_table_is_consistent():
     assert len(names) == len(set(names))
     ok, reason = validate_changes({}, Settings())
     assert ok, reason
+
+
+def test_worker_failure_restarts_the_runtime(rig):
+    from molmoact2_ros.errors import WorkerFailed
+
+    ctl, events, published, clock, _ = rig
+    _active(ctl)
+    ctl.policy.fail_predict = WorkerFailed("worker llm_split2 died (SIGKILL)", worker="llm_split2")
+    ctl.on_observation(IMAGES, np.zeros(8), clock.now)
+    assert ctl.process_pending() is None and not published
+    assert events[-1] == ("recover", "grid_sampler") and ctl.counts["runtime_restarts"] == 1
+    d = ctl.diagnostics()
+    assert d["level"] == "warn" and "llm_split2" in d["message"]
+    ctl.on_observation(IMAGES, np.zeros(8), clock.now)
+    assert ctl.process_pending() is not None and ctl.diagnostics()["level"] == "ok"
+
+
+def test_failed_restart_is_an_error(rig):
+    from molmoact2_ros.errors import WorkerFailed
+
+    ctl, events, published, clock, _ = rig
+    _active(ctl)
+    ctl.policy.fail_predict = WorkerFailed("worker vision hung", worker="vision")
+    ctl.policy.fail_recover = True
+    ctl.on_observation(IMAGES, np.zeros(8), clock.now)
+    assert ctl.process_pending() is None
+    d = ctl.diagnostics()
+    assert d["level"] == "error" and "restart failed" in d["message"]

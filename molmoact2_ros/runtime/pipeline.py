@@ -50,6 +50,13 @@ class Pipeline(Protocol):
     def run_component(self, component: str, feeds: Mapping[str, np.ndarray]) -> dict:
         """Run one session on the given inputs (golden parity)."""
 
+    @property
+    def failed(self) -> Exception | None:
+        """Why the pipeline is down, or None while it is usable."""
+
+    def restart(self) -> None:
+        """Bring a failed pipeline back (respawn workers); a no-op where nothing can die."""
+
     def close(self) -> None:
         """Release every session."""
 
@@ -125,6 +132,13 @@ class LocalPipeline:
             step = self._run(ACTION_STEP, feeds)[out_name]
             x = euler_update(x, step, keep, num_steps, self.conventions)
         return x
+
+    @property
+    def failed(self) -> Exception | None:
+        return None  # in-process sessions either raise per call or work
+
+    def restart(self) -> None:
+        pass
 
     def close(self) -> None:
         self.sessions.close()
