@@ -74,6 +74,30 @@ class Published:
     ready_ns: int
 
 
+def chunk_message_fields(out: Published) -> dict[str, Any]:
+    """The ActionChunk.msg fields of a published chunk as plain values (times in ns).
+
+    One mapping for the node (rclpy messages) and replay (rosbags messages).
+    """
+    s, chunk = out.settings, out.chunk
+    return {
+        "stamp_ns": chunk.observation_stamp_ns,
+        "sequence": out.sequence,
+        "variant": chunk.variant,
+        "context_suffix_vision": s["context_suffix.vision"],
+        "context_suffix_llm": s["context_suffix.llm"],
+        "context_suffix_action": s["context_suffix.action"],
+        "flow_steps": chunk.flow_steps,
+        "instruction": chunk.instruction,
+        "action_names": list(s["action_names"]),
+        "horizon": int(out.actions.shape[0]),
+        "action_dim": int(out.actions.shape[1]),
+        "actions": out.actions.reshape(-1).astype(np.float32),
+        "period_ns": int(round(s["control_period_s"] * 1e9)),
+        "inference_latency_ns": int(out.ready_ns - out.received_ns),
+    }
+
+
 class Controller:
     """ROS-free core of the policy node."""
 

@@ -28,7 +28,7 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
-from .controller import Controller, Published
+from .controller import Controller, Published, chunk_message_fields
 from .errors import MolmoActError
 from .host.images import decode_compressed, decode_image
 from .host.state import state_from_joint_state, state_from_pose
@@ -54,9 +54,9 @@ def _stamp_ns(msg) -> int:
     return int(msg.header.stamp.sec) * 1_000_000_000 + int(msg.header.stamp.nanosec)
 
 
-def _duration(seconds: float) -> Duration:
-    ns = int(round(seconds * 1e9))
-    return Duration(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+def _duration(ns: int) -> Duration:
+    sec, nanosec = divmod(int(ns), 1_000_000_000)
+    return Duration(sec=sec, nanosec=nanosec)
 
 
 class PolicyNode(Node):
@@ -256,30 +256,21 @@ class PolicyNode(Node):
     def _publish(self, out: Published) -> None:
         from .msg import ActionChunk
 
-        s = out.settings
-        chunk = out.chunk
-        names = list(s["action_names"])
-        period = float(s["control_period_s"])
+        f = chunk_message_fields(out)
         msg = ActionChunk()
-        msg.header.stamp.sec = chunk.observation_stamp_ns // 1_000_000_000
-        msg.header.stamp.nanosec = chunk.observation_stamp_ns % 1_000_000_000
-        msg.sequence = out.sequence
-        msg.variant = chunk.variant
-        msg.context_suffix_vision = s["context_suffix.vision"]
-        msg.context_suffix_llm = s["context_suffix.llm"]
-        msg.context_suffix_action = s["context_suffix.action"]
-        msg.flow_steps = chunk.flow_steps
-        msg.instruction = chunk.instruction
-        msg.action_names = names
-        msg.horizon, msg.action_dim = (int(d) for d in out.actions.shape)
-        msg.actions = out.actions.reshape(-1).astype(np.float32).tolist()
-        msg.period = _duration(period)
-        msg.inference_latency = _duration((out.ready_ns - out.received_ns) / 1e9)
+        msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(f["stamp_ns"], 1_000_000_000)
+        for name in ("sequence", "variant", "context_suffix_vision", "context_suffix_llm",
+                     "context_suffix_action", "flow_steps", "instruction", "action_names",
+                     "horizon", "action_dim"):
+            setattr(msg, name, f[name])
+        msg.actions = f["actions"].tolist()
+        msg.period = _duration(f["period_ns"])
+        msg.inference_latency = _duration(f["inference_latency_ns"])
         traj = JointTrajectory()
-        traj.joint_names = names  # zero header stamp: the controller starts it on receipt
+        traj.joint_names = f["action_names"]  # zero header stamp: the controller starts it now
         traj.points = [
             JointTrajectoryPoint(positions=row.astype(float).tolist(),
-                                 time_from_start=_duration((i + 1) * period))
+                                 time_from_start=_duration((i + 1) * f["period_ns"]))
             for i, row in enumerate(out.actions)
         ]
         if self._chunk_pub is not None:

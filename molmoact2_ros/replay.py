@@ -12,7 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from .controller import Controller, PolicyFactory, Published, load_policy
+from .controller import (
+    Controller,
+    PolicyFactory,
+    Published,
+    chunk_message_fields,
+    load_policy,
+)
 from .errors import MolmoActError
 from .host.images import decode_compressed, decode_image
 from .host.state import state_from_joint_state
@@ -156,26 +162,15 @@ class ChunkBagWriter:
 
 
 def to_message(store, out: Published) -> Any:
-    """A rosbags ActionChunk from a published chunk (same fields as the node publishes)."""
+    """A rosbags ActionChunk from a published chunk (the fields the node publishes)."""
     types = store.types
-    stamp = out.chunk.observation_stamp_ns
+    f = chunk_message_fields(out)
     time_t, dur_t = types["builtin_interfaces/msg/Time"], types["builtin_interfaces/msg/Duration"]
-    header = types["std_msgs/msg/Header"](stamp=time_t(sec=stamp // 10**9, nanosec=stamp % 10**9),
-                                          frame_id="")
-    period_ns = int(round(out.settings["control_period_s"] * 1e9))
-    latency_ns = out.ready_ns - out.received_ns
-    s = out.settings
-    return types[ACTION_CHUNK_TYPE](
-        header=header, sequence=out.sequence, variant=out.chunk.variant,
-        context_suffix_vision=s["context_suffix.vision"],
-        context_suffix_llm=s["context_suffix.llm"],
-        context_suffix_action=s["context_suffix.action"], flow_steps=out.chunk.flow_steps,
-        instruction=out.chunk.instruction, action_names=list(s["action_names"]),
-        horizon=out.actions.shape[0], action_dim=out.actions.shape[1],
-        actions=out.actions.reshape(-1).astype(np.float32),
-        period=dur_t(sec=period_ns // 10**9, nanosec=period_ns % 10**9),
-        inference_latency=dur_t(sec=latency_ns // 10**9, nanosec=latency_ns % 10**9),
-    )
+    sec, nanosec = divmod(f.pop("stamp_ns"), 10**9)
+    header = types["std_msgs/msg/Header"](stamp=time_t(sec=sec, nanosec=nanosec), frame_id="")
+    period = dur_t(*divmod(f.pop("period_ns"), 10**9))
+    latency = dur_t(*divmod(f.pop("inference_latency_ns"), 10**9))
+    return types[ACTION_CHUNK_TYPE](header=header, period=period, inference_latency=latency, **f)
 
 
 def write_observation_bag(

@@ -35,13 +35,25 @@ def test_variant_files_only_set_known_parameters():
         assert set(values) <= names and values["variant"].split("#")[0].strip() == f'"{variant}"'
 
 
-def test_action_chunk_message_fields_match_the_node():
+def test_action_chunk_message_fields_match_the_published_mapping():
+    import numpy as np
+
+    from molmoact2_ros.controller import Published, chunk_message_fields
+    from molmoact2_ros.params import Settings
+    from molmoact2_ros.policy import ActionChunk
+    from molmoact2_ros.safety import SafetyReport
+
     fields = [line.split()[1] for line in (ROOT / "msg" / "ActionChunk.msg").read_text()
               .splitlines() if line.strip() and not line.startswith("#")]
-    source = (ROOT / "molmoact2_ros" / "node.py").read_text()
-    assigned = set(re.findall(r"msg\.(\w+) = ", source))
-    assigned |= {"horizon", "action_dim"}  # set together by tuple assignment
-    assert set(fields) - {"header"} <= assigned
+    actions = np.arange(70, dtype=np.float32).reshape(10, 7)
+    chunk = ActionChunk(actions, actions, "lp_vtp_sd", 2, 5 * 10**9 + 7, "task", {})
+    out = Published(chunk, actions, 3, SafetyReport(), Settings(), 100, 100 + 2 * 10**6)
+    mapped = chunk_message_fields(out)
+    assert set(fields) == (set(mapped) - {"stamp_ns", "period_ns", "inference_latency_ns"}
+                           | {"header", "period", "inference_latency"})
+    assert mapped["stamp_ns"] == 5 * 10**9 + 7 and mapped["period_ns"] == 50_000_000
+    assert mapped["inference_latency_ns"] == 2 * 10**6 and mapped["horizon"] == 10
+    np.testing.assert_array_equal(mapped["actions"], np.arange(70))
 
 
 def test_package_xml_is_ament_cmake_with_interfaces():

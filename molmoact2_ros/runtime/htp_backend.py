@@ -18,12 +18,11 @@ import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import BundleError, ContractError, RuntimeBackendError, WorkerFailed
+from ..errors import ContractError, RuntimeBackendError, WorkerFailed
 from ..host.conventions import Conventions
 from ..variants import ACTION_CONTEXT, ACTION_STEP, COMPONENTS, VISION, VariantSpec
 from .arena import Arena
@@ -91,23 +90,6 @@ class _Declared:
 
     def __init__(self, name: str, inputs, outputs) -> None:
         self.name, self.inputs, self.outputs = name, tuple(inputs), tuple(outputs)
-
-
-def _check_context_files(paths: Mapping[str, Path]) -> None:
-    from ..bundle import MIN_CONTEXT_BYTES
-
-    problems = []
-    for component, path in paths.items():
-        if not path.is_file():
-            problems.append(f"{component}: {path} is missing")
-        elif path.stat().st_size < MIN_CONTEXT_BYTES:
-            problems.append(f"{component}: {path} is only {path.stat().st_size} bytes (truncated)")
-    if problems:
-        raise BundleError(
-            "the htp backend needs every context binary:\n  - "
-            + "\n  - ".join(problems)
-            + "\ndownload the bundle's ctx/ folder, or pick the context suffix it ships"
-        )
 
 
 class ResidentPipeline:
@@ -180,7 +162,7 @@ class ResidentPipeline:
         conventions = conventions or bundle.conventions()
         paths = {c: bundle.context_path(c, suffixes.for_component(c)) for c in COMPONENTS}
         if opts.loader == "qnn":
-            _check_context_files(paths)
+            bundle.check("htp", suffixes)  # every context binary present, none truncated
         specs = [
             WorkerSpec(
                 worker=name,
