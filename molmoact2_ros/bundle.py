@@ -145,22 +145,41 @@ class Bundle:
                 problems.append(f"{path} is missing or empty")
         if not self.norm_stats_path.is_file():
             problems.append(f"{self.norm_stats_path} is missing")
+        if backend == "htp":
+            problems += self.context_problems(suffixes)
+        else:
+            problems += self.onnx_problems(suffixes)
+        self._raise(problems, backend)
+
+    def onnx_problems(self, suffixes: Suffixes) -> list[str]:
+        """Missing or empty ONNX graphs for these suffixes."""
+        problems = []
         for component in COMPONENTS:
-            suffix = suffixes.for_component(component)
-            if backend == "htp":
-                path = self.context_path(component, suffix)
-                if not path.is_file():
-                    problems.append(f"{path} is missing")
-                elif path.stat().st_size < MIN_CONTEXT_BYTES:
-                    problems.append(f"{path} is only {path.stat().st_size} bytes (truncated)")
-            else:
-                try:
-                    path = self.onnx_path(component, suffix)
-                except BundleError as exc:
-                    problems.append(str(exc))
-                    continue
-                if path.stat().st_size == 0:
-                    problems.append(f"{path} is empty (truncated download)")
+            try:
+                path = self.onnx_path(component, suffixes.for_component(component))
+            except BundleError as exc:
+                problems.append(str(exc))
+                continue
+            if path.stat().st_size == 0:
+                problems.append(f"{path} is empty (truncated download)")
+        return problems
+
+    def context_problems(self, suffixes: Suffixes) -> list[str]:
+        """Missing or truncated context binaries for these suffixes."""
+        problems = []
+        for component in COMPONENTS:
+            path = self.context_path(component, suffixes.for_component(component))
+            if not path.is_file():
+                problems.append(f"{path} is missing")
+            elif path.stat().st_size < MIN_CONTEXT_BYTES:
+                problems.append(f"{path} is only {path.stat().st_size} bytes (truncated)")
+        return problems
+
+    def check_contexts(self, suffixes: Suffixes | None = None) -> None:
+        """Only the context binaries (what the resident runtime itself needs)."""
+        self._raise(self.context_problems(suffixes or Suffixes()), "htp")
+
+    def _raise(self, problems: list[str], backend: str) -> None:
         if problems:
             raise BundleError(
                 f"bundle {self.root} ({self.variant.name}, backend {backend}) is incomplete:\n  - "

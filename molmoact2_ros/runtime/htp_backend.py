@@ -162,7 +162,7 @@ class ResidentPipeline:
         conventions = conventions or bundle.conventions()
         paths = {c: bundle.context_path(c, suffixes.for_component(c)) for c in COMPONENTS}
         if opts.loader == "qnn":
-            bundle.check("htp", suffixes)  # every context binary present, none truncated
+            bundle.check_contexts(suffixes)  # every context binary present, none truncated
         specs = [
             WorkerSpec(
                 worker=name,
