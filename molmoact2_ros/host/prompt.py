@@ -146,7 +146,7 @@ class PromptPlan:
     state_base_id: int
     num_valid: int
     add_image_to_patch_embedding: bool
-    _state_rows: np.ndarray  # [bins, H] float32, rows of <state_0..bins-1>
+    state_rows: np.ndarray  # [bins, H] float32, rows of <state_0..bins-1>
 
     def ids_for(self, bins: np.ndarray) -> np.ndarray:
         ids = self.input_ids.copy()
@@ -162,7 +162,7 @@ class PromptPlan:
             out = np.empty((1, seq, hidden), dtype=np.float32)
         view = out.reshape(seq, hidden)
         view[...] = self.base_embeddings
-        view[self.state_positions] = self._state_rows[np.asarray(state_bins)]
+        view[self.state_positions] = self.state_rows[np.asarray(state_bins)]
         feats = np.asarray(image_embeds).reshape(-1, hidden)
         if feats.shape[0] != self.patch_positions.shape[0]:
             raise PromptError(
@@ -277,7 +277,7 @@ class PromptBuilder:
             state_base_id=self.state_base_id,
             num_valid=n,
             add_image_to_patch_embedding=add,
-            _state_rows=self._state_rows,
+            state_rows=self._state_rows,
         )
 
     def _task(self, instruction: str) -> str:
