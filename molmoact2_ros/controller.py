@@ -135,6 +135,7 @@ class Controller:
         self._chunk_started_ns: int | None = None
         self._chunk_rows = 0
         self._last_tick_ns = 0
+        self._last_logged: dict[str, float] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------
     def configure(self) -> None:
@@ -263,8 +264,10 @@ class Controller:
         self.last_observation_age_s = age_s
         if age_s > self.settings["max_observation_age_s"]:
             self.drops["stale"] += 1
-            log.warning("observation is %.3f s old (max_observation_age_s=%.3f): skipped",
-                        age_s, self.settings["max_observation_age_s"])
+            self._log_throttled(logging.WARNING, "stale", (
+                f"observation is {age_s:.3f} s old (max_observation_age_s="
+                f"{self.settings['max_observation_age_s']}): skipped; "
+                f"{self.drops['stale']} so far"))
             return None
         with self._policy_lock:
             if self.policy is None:
@@ -320,12 +323,19 @@ class Controller:
         self.health = ("warn", f"recovered: {self.health[1]}")
         log.warning("runtime restarted after a failure")
 
+    def _log_throttled(self, level: int, key: str, message: str, period_s: float = 5.0) -> None:
+        """Log a per-observation problem at most once per ``period_s`` per kind."""
+        now = time.monotonic()
+        if now - self._last_logged.get(key, -period_s) >= period_s:
+            self._last_logged[key] = now
+            log.log(level, message)
+
     def _report_error(self, exc: Exception) -> None:
         from .errors import RuntimeBackendError
 
         if isinstance(exc, RuntimeBackendError):
             self.health = ("error", f"runtime failed: {exc}")
-        log.error("inference skipped: %s", str(exc))  # a string: records keep no traceback
+        self._log_throttled(logging.ERROR, type(exc).__name__, f"inference skipped: {exc}")
 
     # -- parameters ------------------------------------------------------------------------------
     def validate(self, changes: dict) -> tuple[bool, str]:
@@ -427,7 +437,9 @@ class Controller:
         values.update({f"drop.{k}": v for k, v in sorted(self.drops.items())})
         values.update({f"latency_ms.{k}": round(v, 3) for k, v in self.last_latency_ms.items()})
         level, message = self.health
-        if level == "ok" and self.drops.get("stale"):
+        if level == "ok" and not s["instruction"]:
+            level, message = "warn", "no instruction: set the 'instruction' parameter"
+        elif level == "ok" and self.drops.get("stale"):
             message = f"{self.drops['stale']} stale observations skipped"
         return {"level": level, "message": message or "running", "values": values}
 

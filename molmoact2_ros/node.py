@@ -6,6 +6,7 @@ It adapts messages, parameters, timers and the lifecycle to ``Controller``; all 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -59,6 +60,23 @@ def _duration(ns: int) -> Duration:
     return Duration(sec=sec, nanosec=nanosec)
 
 
+class _RosLogHandler(logging.Handler):
+    """Forwards the ROS-free layers' Python logging to the node's ROS logger."""
+
+    def __init__(self, logger) -> None:
+        super().__init__()
+        self._logger = logger
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = self.format(record)
+        if record.levelno >= logging.ERROR:
+            self._logger.error(message)
+        elif record.levelno >= logging.WARNING:
+            self._logger.warn(message)
+        else:
+            self._logger.info(message)
+
+
 class PolicyNode(Node):
     """MolmoAct2 policy as a managed node: two cameras + joint state in, action chunks out."""
 
@@ -81,6 +99,9 @@ class PolicyNode(Node):
             clock_ns=lambda: self.get_clock().now().nanoseconds,
             on_swap_done=self._swap_done,
         )
+        self._log_handler = _RosLogHandler(self.get_logger())
+        logging.getLogger("molmoact2_ros").addHandler(self._log_handler)
+        logging.getLogger("molmoact2_ros").setLevel(logging.INFO)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self._sensor_group = MutuallyExclusiveCallbackGroup()
         self._timer_group = MutuallyExclusiveCallbackGroup()
@@ -160,6 +181,7 @@ class PolicyNode(Node):
         self._stop_inputs()
         self._safe(self.controller.shutdown)
         self._destroy_publishers()
+        logging.getLogger("molmoact2_ros").removeHandler(self._log_handler)
 
     def _safe(self, fn) -> None:
         try:

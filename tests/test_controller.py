@@ -372,3 +372,10 @@ def test_failed_restart_is_an_error(rig):
     assert ctl.process_pending() is None
     d = ctl.diagnostics()
     assert d["level"] == "error" and "restart failed" in d["message"]
+
+
+def test_missing_instruction_is_a_diagnostics_warning(rig):
+    ctl, *_ = rig
+    ctl.settings = ctl.settings.with_changes({"instruction": ""})
+    d = ctl.diagnostics()
+    assert d["level"] == "warn" and "no instruction" in d["message"]
