@@ -1,0 +1,20 @@
+"""``import molmoact2_ros`` needs numpy only: no rclpy, onnxruntime, tokenizers, qai_appbuilder."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+HEAVY = ("rclpy", "onnxruntime", "onnx", "tokenizers", "qai_appbuilder", "rosbags", "cv2")
+
+
+def test_import_pulls_in_nothing_heavy():
+    code = (
+        "import sys, molmoact2_ros, molmoact2_ros.policy, molmoact2_ros.controller, "
+        "molmoact2_ros.golden, molmoact2_ros.cli, molmoact2_ros.replay, "
+        "molmoact2_ros.runtime.htp_backend; "
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]", out.stdout
