@@ -124,6 +124,7 @@ class Controller:
         self._running = False
         self._swap: threading.Thread | None = None
         self.pending_configure: dict = {}
+        self._pending_live: dict = {}
         self.counts: Counter[str] = Counter()
         self.drops: Counter[str] = Counter()
         self.last_latency_ms: dict[str, float] = {}
@@ -273,6 +274,8 @@ class Controller:
             if self.policy is None:
                 self.drops["no_runtime"] += 1
                 return None
+            if self._pending_live:
+                self._apply_pending_live()
             settings = self.settings
             try:
                 chunk = self.policy.predict(obs)
@@ -373,14 +376,26 @@ class Controller:
             self.health = ("warn", "session swap in progress")
             self._swap.start()
             return RELOAD
-        with self._policy_lock:
-            self.settings = new
-            if self.policy is not None:
-                if "flow_steps" in changes:
-                    self.policy.set_flow_steps(new.flow_steps() or self._default_steps())
-                if "instruction" in changes and changes["instruction"]:
-                    self.policy.set_instruction(changes["instruction"])
+        # Never wait for a running chunk here (this runs in the parameter service): the
+        # change is queued and the inference thread applies it before its next chunk.
+        self.settings = new
+        self._pending_live.update(changes)
+        if self._policy_lock.acquire(blocking=False):
+            try:
+                self._apply_pending_live()
+            finally:
+                self._policy_lock.release()
         return kind
+
+    def _apply_pending_live(self) -> None:
+        """Hand queued live changes to the policy; call with ``_policy_lock`` held."""
+        changes, self._pending_live = self._pending_live, {}
+        if self.policy is None:
+            return
+        if "flow_steps" in changes:
+            self.policy.set_flow_steps(self.settings.flow_steps() or self._default_steps())
+        if changes.get("instruction"):
+            self.policy.set_instruction(changes["instruction"])
 
     def _default_steps(self) -> int:
         from .variants import get_variant

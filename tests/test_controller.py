@@ -379,3 +379,23 @@ def test_missing_instruction_is_a_diagnostics_warning(rig):
     ctl.settings = ctl.settings.with_changes({"instruction": ""})
     d = ctl.diagnostics()
     assert d["level"] == "warn" and "no instruction" in d["message"]
+
+
+def test_live_change_does_not_wait_for_a_running_chunk(rig):
+    ctl, events, published, clock, _ = rig
+    _active(ctl)
+    gate = threading.Event()
+    ctl.policy.gate = gate
+    ctl.on_observation(IMAGES, np.zeros(8), clock.now)
+    worker = threading.Thread(target=ctl.process_pending)
+    worker.start()
+    time.sleep(0.05)
+    start = time.monotonic()
+    assert ctl.apply({"flow_steps": 3}) == "live"
+    assert time.monotonic() - start < 0.5  # answered while the chunk still runs
+    assert ctl.policy.flow_steps == 10  # not yet: the running chunk keeps its settings
+    gate.set()
+    worker.join(5)
+    ctl.on_observation(IMAGES, np.zeros(8), clock.now)
+    ctl.process_pending()
+    assert ctl.policy.flow_steps == 3 and published[-1].chunk.flow_steps == 3

@@ -156,7 +156,9 @@ def test_services_answer_while_inference_runs(rig):
         pytest.skip("inference finished before the services could be called")
     state = call(GetState, "get_state", GetState.Request())
     params = call(GetParameters, "get_parameters", GetParameters.Request(names=["variant"]))
+    changed = set_params(rate_hz=3.0)[0]
     busy = lock.locked()
+    assert changed.successful
     assert state.current_state.label == "active" and params.values[0].string_value == "grid_sampler"
     assert busy, "services answered only after the chunk finished"
     assert wait_for(lambda: len(got["chunks"]) > n, 60)
