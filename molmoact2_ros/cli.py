@@ -86,6 +86,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_conventions(args: argparse.Namespace) -> int:
+    from .bundle import Bundle
+    from .convention_check import MISMATCH, check_conventions, format_findings
+
+    ok = True
+    for name, path in _variant_dirs(Path(args.bundle), args.variant):
+        findings = check_conventions(Bundle.open(path, name))
+        print(f"== {path}")
+        print(format_findings(findings))
+        ok &= all(f.verdict != MISMATCH for f in findings)
+    return 0 if ok else 1
+
+
 def _parse_value(default, text: str):
     """Parse ``--set NAME=VALUE`` by the parameter's default type (lists comma-separated)."""
     if isinstance(default, bool):
@@ -162,6 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="onnx", choices=["onnx", "htp"])
     p.add_argument("--min-cosine", type=float, default=0.9999)
     p.set_defaults(func=cmd_parity)
+
+    p = sub.add_parser("conventions",
+                       help="read the host-glue conventions off the goldens, compare")
+    p.add_argument("bundle")
+    p.add_argument("--variant", choices=list(VARIANTS))
+    p.set_defaults(func=cmd_conventions)
 
     p = sub.add_parser("demo", help="run the pipeline on the bundle's sample observation")
     p.add_argument("bundle")
