@@ -24,11 +24,13 @@ setup(
         "onnx": ["onnxruntime>=1.17"],
         "synth": ["onnx>=1.15"],
         "replay": ["rosbags>=0.10,<0.12"],
+        "export": ["safetensors>=0.4"],
         "htp": ["qai-appbuilder==2.51.40; platform_machine=='aarch64'"],
         "test": [
             "onnxruntime>=1.17",
             "onnx>=1.15",
             "rosbags>=0.10,<0.12",
+            "safetensors>=0.4",
             "pytest>=7",
             "ruff>=0.4",
         ],

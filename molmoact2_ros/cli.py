@@ -99,6 +99,16 @@ def cmd_conventions(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_export_host(args: argparse.Namespace) -> int:
+    from .export_host import export_host
+
+    for path in export_host(Path(args.checkpoint), Path(args.bundle), force=args.force):
+        print(f"wrote {path}")
+    print("now check the conventions against the goldens: molmoact2 conventions "
+          f"{args.bundle}")
+    return 0
+
+
 def _parse_value(default, text: str):
     """Parse ``--set NAME=VALUE`` by the parameter's default type (lists comma-separated)."""
     if isinstance(default, bool):
@@ -181,6 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle")
     p.add_argument("--variant", choices=list(VARIANTS))
     p.set_defaults(func=cmd_conventions)
+
+    p = sub.add_parser("export-host",
+                       help="write a bundle's host/ assets from the HF checkpoint")
+    p.add_argument("checkpoint", help="checkpoint folder (tokenizer.json, *.safetensors)")
+    p.add_argument("bundle", help="bundle folder to complete")
+    p.add_argument("--force", action="store_true", help="overwrite existing host files")
+    p.set_defaults(func=cmd_export_host)
 
     p = sub.add_parser("demo", help="run the pipeline on the bundle's sample observation")
     p.add_argument("bundle")
