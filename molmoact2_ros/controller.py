@@ -148,8 +148,27 @@ class Controller:
         self.pending_configure = {}
         with self._policy_lock:
             self.policy = self._factory(self.settings)
+            try:
+                self._warm_up()
+            except Exception:
+                self.policy.close()
+                self.policy = None
+                raise
         self.health = ("ok", "")
         self.state = INACTIVE
+
+    def _warm_up(self) -> None:
+        """One chunk on a blank observation: the first run on the NPU is slow, and a runtime
+        that cannot run a chunk should fail configure, not the first real observation."""
+        from .variants import get_variant
+
+        v = get_variant(self.settings["variant"])
+        blank = np.zeros((256, 256, 3), np.uint8)
+        obs = Observation(images=(blank,) * v.num_cameras,
+                          state=np.zeros(v.state_dim, np.float32),
+                          instruction=self.settings["instruction"] or "pick up the object")
+        chunk = self.policy.predict(obs)
+        self.last_latency_ms = {f"warmup.{k}": t for k, t in chunk.latency_ms.items()}
 
     def activate(self, *, worker: bool = True) -> None:
         """Start accepting observations; ``worker=False`` leaves inference to the caller

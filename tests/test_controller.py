@@ -116,6 +116,25 @@ def test_transitions(rig):
     assert ctl.state == FINALIZED and events[-1] == ("close", "grid_sampler")
 
 
+def test_configure_warms_up_and_fails_on_a_runtime_that_cannot_run(rig):
+    ctl, events, *_ = rig
+    ctl.configure()
+    assert ctl.policy.predicted == [0]
+    assert ctl.diagnostics()["values"]["latency_ms.warmup.total"] == 1.0
+    ctl.cleanup()
+    original = ctl._factory
+
+    def broken(settings):
+        runtime = original(settings)
+        runtime.fail_predict = RuntimeBackendError("graph vision returned no outputs")
+        return runtime
+
+    ctl._factory = broken
+    with pytest.raises(RuntimeBackendError, match="no outputs"):
+        ctl.configure()
+    assert ctl.state == UNCONFIGURED and ctl.policy is None and events[-1][0] == "close"
+
+
 def test_configure_refuses_invalid_settings(rig):
     ctl, *_ = rig
     ctl.settings = ctl.settings.with_changes({"variant": "nope"})
@@ -142,7 +161,7 @@ def test_stale_observation_never_acted_on(rig):
     _active(ctl)
     ctl.on_observation(IMAGES, np.zeros(8), clock.now - int(2e9))  # 2 s old, max 0.5 s
     assert ctl.process_pending() is None
-    assert ctl.drops["stale"] == 1 and not published and ctl.policy.predicted == []
+    assert ctl.drops["stale"] == 1 and not published and ctl.policy.predicted == [0]  # warm-up
     ctl.on_observation(IMAGES, np.zeros(8), clock.now - int(0.1e9))
     assert ctl.process_pending() is not None and len(published) == 1
 
@@ -153,7 +172,7 @@ def test_newest_only(rig):
     for i in range(3):
         ctl.on_observation(IMAGES, np.zeros(8), clock.now - 1000 + i)
     ctl.process_pending()
-    assert ctl.policy.predicted == [clock.now - 998] and ctl.drops["superseded"] == 2
+    assert ctl.policy.predicted == [0, clock.now - 998] and ctl.drops["superseded"] == 2
     assert ctl.process_pending() is None
 
 
