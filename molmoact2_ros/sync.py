@@ -109,7 +109,3 @@ class NewestSlot:
         with self._cond:
             self._item = None
             self._cond.notify_all()
-
-    def peek_stamp(self) -> int | None:
-        with self._cond:
-            return self._stamp_ns if self._item is not None else None

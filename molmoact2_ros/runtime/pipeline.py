@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from ..host.conventions import Conventions
-from ..host.flow import euler_update, timesteps
+from ..host.flow import run_flow
 from ..variants import ACTION_CONTEXT, ACTION_STEP, VISION
 from .session import Geometry, SessionSet
 
@@ -116,22 +116,19 @@ class LocalPipeline:
             ACTION_CONTEXT,
             {"keys": np.concatenate(keys, axis=0), "values": np.concatenate(values, axis=0)},
         )
-        pad = b["action_dim_is_pad"]
-        keep = (np.float32(1.0) - pad.reshape(1, 1, -1)).astype(np.float32)
         feeds = {
             "k_ctx": ctx["k_ctx"],
             "v_ctx": ctx["v_ctx"],
             "encoder_attention_mask": b["encoder_attention_mask"],
-            "action_dim_is_pad": pad,
+            "action_dim_is_pad": b["action_dim_is_pad"],
         }
         out_name = self.sessions.step_output
-        x = np.asarray(x0, dtype=np.float32)
-        for t in timesteps(num_steps):
-            feeds["trajectory"] = x
-            feeds["timestep"] = np.full((1,), t, dtype=np.float32)
-            step = self._run(ACTION_STEP, feeds)[out_name]
-            x = euler_update(x, step, keep, num_steps, self.conventions)
-        return x
+
+        def step(x: np.ndarray, t: np.ndarray) -> np.ndarray:
+            feeds["trajectory"], feeds["timestep"] = x, t
+            return self._run(ACTION_STEP, feeds)[out_name]
+
+        return run_flow(step, x0, b["action_dim_is_pad"], num_steps, self.conventions)
 
     @property
     def failed(self) -> Exception | None:

@@ -20,7 +20,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from ..host.flow import euler_update, timesteps
+from ..host.flow import run_flow
 from ..variants import ACTION_CONTEXT, ACTION_STEP, COMPONENTS
 from .arena import Arena
 from .loaders import InferenceFailed, LoadFailed, SessionLoader, WorkerSession, make_loader
@@ -278,13 +278,14 @@ class _Server:
         for name, index in context.output_index.items():
             step.adopt(name, outs[index])
         t1 = time.perf_counter()
-        pad = self.arena.view("action_dim_is_pad")
-        keep = (np.float32(1.0) - pad.reshape(1, 1, -1).astype(np.float32)).astype(np.float32)
-        x = np.array(self.arena.view("x0"), dtype=np.float32)
         out_index = step.output_index["next_trajectory" if conv.euler_in_graph else "velocity"]
-        for t in timesteps(num_steps):
+
+        def run_step(x: np.ndarray, t: np.ndarray) -> np.ndarray:
             step.write("trajectory", x)
             step.write("timestep", t)
-            x = euler_update(x, step.run()[out_index], keep, num_steps, conv)
-        self.arena.view("x_out")[...] = x
+            return step.run()[out_index]
+
+        pad = np.asarray(self.arena.view("action_dim_is_pad"), dtype=np.float32)
+        x0 = np.array(self.arena.view("x0"), dtype=np.float32)
+        self.arena.view("x_out")[...] = run_flow(run_step, x0, pad, num_steps, conv)
         return (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3
