@@ -5,6 +5,7 @@ from __future__ import annotations
 import operator
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -362,6 +363,11 @@ def _check_out(out: np.ndarray, shape: tuple[int, ...]) -> None:
         raise ObservationError("out buffer must be C-contiguous and writeable")
 
 
+@lru_cache(maxsize=1)
+def _camera_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="molmoact2-preprocess")
+
+
 def preprocess(
     images: Sequence[np.ndarray],
     *,
@@ -386,7 +392,8 @@ def preprocess(
         out = np.empty(shape, dtype=np.float32)
     else:
         _check_out(out, shape)
-    for cam, img in enumerate(checked):
+    def one_camera(cam: int) -> None:
+        img = checked[cam]
         if img.shape[:2] == (size, size):  # torch's identity resize: lambda 0, exact copy
             pixels: np.ndarray = flip_180(img) if flip else img
         else:
@@ -401,4 +408,11 @@ def preprocess(
         unit -= np.float32(1.0)
         if unit is not dst:
             np.copyto(dst, unit, casting="same_kind")
+
+    # numpy releases the GIL in these loops: the cameras run side by side (scratch buffers
+    # are per thread), each writing its own slice of ``out``.
+    if len(checked) == 1:
+        one_camera(0)
+    else:
+        list(_camera_pool().map(one_camera, range(len(checked))))
     return out
