@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -147,6 +147,7 @@ class PromptPlan:
     num_valid: int
     add_image_to_patch_embedding: bool
     state_rows: np.ndarray  # [bins, H] float32, rows of <state_0..bins-1>
+    _base_by_dtype: dict = field(default_factory=dict, repr=False)
 
     def ids_for(self, bins: np.ndarray) -> np.ndarray:
         ids = self.input_ids.copy()
@@ -161,7 +162,10 @@ class PromptPlan:
         if out is None:
             out = np.empty((1, seq, hidden), dtype=np.float32)
         view = out.reshape(seq, hidden)
-        view[...] = self.base_embeddings
+        base = self._base_by_dtype.get(view.dtype)
+        if base is None:  # cast once per plan and buffer dtype: per chunk a plain copy
+            base = self._base_by_dtype[view.dtype] = self.base_embeddings.astype(view.dtype)
+        view[...] = base
         view[self.state_positions] = self.state_rows[np.asarray(state_bins)]
         feats = np.asarray(image_embeds).reshape(-1, hidden)
         if feats.shape[0] != self.patch_positions.shape[0]:
