@@ -4,7 +4,7 @@ Put ``tests/fake_qai_appbuilder`` on ``PYTHONPATH`` (before spawning workers) an
 ``import qai_appbuilder`` finds this package. The Python layer (``qnncontext.py``) mirrors the
 wheel's names, signatures and defaults; ``appbuilder.py`` stands in for the pybind extension
 and reproduces the documented native quirks (see its docstring, and
-/work/shared/docs/qai_appbuilder.md §2).
+the project notes on qai_appbuilder, §2).
 
 Differences from the real package: it loads only the stand-in context files written by
 ``molmoact2_ros.synth.contexts`` (ONNX inside, executed by onnxruntime on the CPU, float
