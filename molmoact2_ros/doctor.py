@@ -35,9 +35,9 @@ _VERSION = re.compile(rb"v(2\.\d+\.\d+(?:\.\d+)?)")
 _CDSPRPC_DIRS = ("/usr/lib", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/vendor/lib64",
                  "/lib/aarch64-linux-gnu", "/odm/lib64")
 _PROBE = """
-import json, os, sys
+import importlib, json, os, sys
 try:
-    import qai_appbuilder as q
+    q = importlib.import_module("qai_appbuilder")  # in this probe subprocess only
 except BaseException as exc:
     print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
     sys.exit(0)

@@ -318,15 +318,21 @@ def test_swap_failure_rolls_back(rig):
     assert ctl.process_pending() is not None
 
 
-def test_inference_pauses_during_swap(rig):
-    ctl, events, published, clock, _ = rig
-    _active(ctl)
+def _start_gated_chunk(ctl, clock):
+    """Start a chunk in a thread that blocks inside predict until the gate opens."""
     gate = threading.Event()
     ctl.policy.gate = gate
     ctl.on_observation(IMAGES, np.zeros(8), clock.now)
     worker = threading.Thread(target=ctl.process_pending)
     worker.start()
     time.sleep(0.05)
+    return gate, worker
+
+
+def test_inference_pauses_during_swap(rig):
+    ctl, events, published, clock, _ = rig
+    _active(ctl)
+    gate, worker = _start_gated_chunk(ctl, clock)
     ctl.apply({"context_suffix.llm": "_w4a16"})
     time.sleep(0.05)
     assert ("close", "grid_sampler") not in events  # a running chunk is never cut off
@@ -403,12 +409,7 @@ def test_missing_instruction_is_a_diagnostics_warning(rig):
 def test_live_change_does_not_wait_for_a_running_chunk(rig):
     ctl, events, published, clock, _ = rig
     _active(ctl)
-    gate = threading.Event()
-    ctl.policy.gate = gate
-    ctl.on_observation(IMAGES, np.zeros(8), clock.now)
-    worker = threading.Thread(target=ctl.process_pending)
-    worker.start()
-    time.sleep(0.05)
+    gate, worker = _start_gated_chunk(ctl, clock)
     start = time.monotonic()
     assert ctl.apply({"flow_steps": 3}) == "live"
     assert time.monotonic() - start < 0.5  # answered while the chunk still runs

@@ -6,6 +6,7 @@ here, inside the spawned worker, never in the orchestrator.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -82,7 +83,8 @@ class QnnLoader:
 
     def __init__(self, spec: WorkerSpec) -> None:
         try:
-            import qai_appbuilder as qai
+            # worker process only: the orchestrator never loads the QNN runtime
+            qai = importlib.import_module("qai_appbuilder")
         except Exception as exc:  # ImportError, or OSError from its ctypes preloads
             raise LoadFailed(
                 spec.components[0],
