@@ -33,7 +33,6 @@ def use_test_fake() -> Path:
     parts = [str(path)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                            if p and p != str(path)]
     os.environ["PYTHONPATH"] = os.pathsep.join(parts)
-    os.environ[ENV] = "fake"
     return path
 
 

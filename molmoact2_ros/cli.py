@@ -60,7 +60,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         changes[f"bundle.{name}"] = str(folder)
     for item in args.set or []:
         key, _, value = item.partition("=")
-        changes[key] = _parse_value(Settings().values.get(key, ""), value)
+        if key not in Settings().values:
+            raise MolmoActError(f"--set {item!r}: unknown parameter {key!r}; the parameters "
+                                "are listed in config/policy.yaml")
+        try:
+            changes[key] = _parse_value(Settings().values[key], value)
+        except ValueError:
+            raise MolmoActError(f"--set {item!r}: {value!r} is not a valid value for "
+                                f"{key}") from None
     ok, reason = validate_changes(changes, Settings())
     if not ok:
         raise MolmoActError(reason)
@@ -73,6 +80,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             writer.close()
     print(f"{result.synced} synchronised observations, {len(result.published)} chunks, "
           f"drops {result.drops or 'none'}")
+    if args.out:
+        print(f"wrote {len(result.published)} chunks to {args.out}")
     if args.golden:
         trace = load_npz(Path(args.golden), ["chunk"])
         if not result.published:

@@ -101,7 +101,7 @@ def test_parity_over_the_fake_says_so(tiny_root, monkeypatch, capsys):
     ensure_contexts(tiny_root)
     monkeypatch.setattr(sys, "path", list(sys.path))  # use_test_fake edits both: undo after
     monkeypatch.setenv("PYTHONPATH", "")
-    monkeypatch.delenv(appbuilder.ENV, raising=False)
+    monkeypatch.setenv(appbuilder.ENV, "installed")  # the option alone must choose the fake
     fake_env(monkeypatch)  # control variables off, resource tracker started before leak counts
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(appbuilder.fake_path())])
     assert not appbuilder.using_test_fake()
