@@ -238,3 +238,9 @@ def resolve_bundle(path: Path | str, variant: str | None = None) -> tuple[str, P
         raise BundleError(f"{path} holds {len(found)} variants ({', '.join(n for n, _ in found)})"
                           "; choose one with --variant")
     return found[0]
+
+
+def bundle_parameters(path: Path | str) -> dict[str, str]:
+    """``bundle.<variant>`` parameter values for a root of variant folders or one variant's
+    folder (replay's ``--bundle-root``, the launch file's ``bundle_root``)."""
+    return {f"bundle.{name}": str(folder) for name, folder in resolve_bundles(path)}

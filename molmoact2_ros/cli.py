@@ -13,7 +13,7 @@ from . import __version__
 from .appbuilder import CHOICES as APPBUILDER_CHOICES
 from .appbuilder import ENV as APPBUILDER_ENV
 from .appbuilder import use_test_fake
-from .bundle import resolve_bundles
+from .bundle import bundle_parameters
 from .cli_args import HelpFormatter, Parser, float_in, int_at_least
 from .errors import MolmoActError
 from .variants import VARIANTS
@@ -56,8 +56,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     changes = {"variant": args.variant, "backend": args.backend, "seed": args.seed,
                "flow_steps": args.flow_steps, "instruction": args.instruction,
                "max_observation_age_s": args.max_age}
-    for name, folder in resolve_bundles(args.bundle_root):
-        changes[f"bundle.{name}"] = str(folder)
+    changes.update(bundle_parameters(args.bundle_root))
     for item in args.set or []:
         key, _, value = item.partition("=")
         if key not in Settings().values:

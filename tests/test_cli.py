@@ -174,3 +174,18 @@ def test_doctor_resolves_a_root_and_says_does_not_exist(tiny_root, tmp_path, cap
     assert "FAIL  bundle" in out and "holds no bundle" in out
     assert main(["doctor", str(tmp_path / "nowhere")]) == 1
     assert "does not exist" in capsys.readouterr().out
+
+
+def test_bundle_parameters_from_a_root_or_one_variant_folder(tiny_root, tmp_path):
+    """What replay --bundle-root and the launch file's bundle_root turn into parameters."""
+    from molmoact2_ros.bundle import bundle_parameters
+
+    assert bundle_parameters(tiny_root) == {
+        f"bundle.{v}": str((tiny_root / v).resolve()) for v in ("grid_sampler", "lp_vtp_sd",
+                                                                 "fused")}
+    assert bundle_parameters(tiny_root / "fused") == {
+        "bundle.fused": str((tiny_root / "fused").resolve())}
+    from molmoact2_ros.errors import BundleError
+
+    with pytest.raises(BundleError, match="does not exist"):
+        bundle_parameters(tmp_path / "nowhere")
