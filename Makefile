@@ -31,6 +31,7 @@ demo: bundle
 	$(BIN)/molmoact2 demo $(BUNDLE)
 	@echo "== make: parity: every session and trace against the goldens"
 	$(BIN)/molmoact2 parity $(BUNDLE)
+	@echo "== make: demo done: every variant ran on its sample observation and passed parity"
 
 lint: install
 	$(BIN)/ruff check .
