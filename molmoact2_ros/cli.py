@@ -173,6 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, or a usage error already printed
         return exc.code if isinstance(exc.code, int) else 0
+    if args.appbuilder not in APPBUILDER_CHOICES:  # a bad environment value skips argparse
+        print(f"error: {APPBUILDER_ENV}={args.appbuilder!r}: use one of "
+              f"{', '.join(APPBUILDER_CHOICES)}", file=sys.stderr)
+        return 2
     try:
         if args.appbuilder == "fake":
             print(f"qai_appbuilder: test fake ({use_test_fake()})", file=sys.stderr)

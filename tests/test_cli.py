@@ -115,11 +115,15 @@ def test_parity_over_the_fake_says_so(tiny_root, monkeypatch, capsys):
                     r"test fake\)", out.strip().splitlines()[-1])
 
 
-def test_appbuilder_env_var_selects_the_fake(monkeypatch):
+def test_appbuilder_env_var_selects_the_fake(monkeypatch, capsys):
     monkeypatch.setenv(appbuilder.ENV, "fake")
     assert build_parser().parse_args(["demo", "x"]).appbuilder == "fake"
     monkeypatch.delenv(appbuilder.ENV)
     assert build_parser().parse_args(["demo", "x"]).appbuilder == "installed"
+    monkeypatch.setenv(appbuilder.ENV, "real")
+    assert main(["demo", "x"]) == 2
+    assert capsys.readouterr().err == (f"error: {appbuilder.ENV}='real': use one of installed, "
+                                       "fake\n")
 
 
 def test_replay_takes_a_variant_folder_as_bundle_root(tiny_root, tmp_path, capsys):
