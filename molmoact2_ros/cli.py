@@ -108,26 +108,33 @@ def cmd_trace_to_bag(args: argparse.Namespace) -> int:
 def _register_replay(sub) -> None:
     """replay and trace-to-bag (kept here until they move to their own module)."""
     p = sub.add_parser("replay", help="replay a rosbag2 through the node logic (no ROS)")
-    p.add_argument("bag")
-    p.add_argument("--bundle-root", required=True, help="folder with one folder per variant")
-    p.add_argument("--variant", default="grid_sampler", choices=list(VARIANTS))
-    p.add_argument("--backend", default="onnx", choices=["onnx", "htp"])
-    p.add_argument("--instruction", required=True)
-    p.add_argument("--seed", type=int, default=-1)
-    p.add_argument("--flow-steps", type=int, default=0)
-    p.add_argument("--max-age", type=float, default=0.5, help="max_observation_age_s")
-    p.add_argument("--set", action="append", metavar="NAME=VALUE", help="any other parameter")
+    p.add_argument("bag", help="rosbag2 folder (sqlite3 or mcap) with the camera and state topics")
+    p.add_argument("--bundle-root", required=True,
+                   help="a root with one folder per variant, or one variant's folder")
+    p.add_argument("--variant", default="grid_sampler", choices=list(VARIANTS),
+                   help="variant to run")
+    p.add_argument("--backend", default="onnx", choices=["onnx", "htp"],
+                   help="onnx: ONNX Runtime here; htp: resident workers (--appbuilder fake "
+                   "for the test fake)")
+    p.add_argument("--instruction", required=True, help="task instruction")
+    p.add_argument("--seed", type=int, default=-1, help="noise seed; -1 = random")
+    p.add_argument("--flow-steps", type=int, default=0,
+                   help="flow-matching steps; 0 = the variant default")
+    p.add_argument("--max-age", type=float, default=0.5,
+                   help="max_observation_age_s: older observations are skipped (bag clock)")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE",
+                   help="any other node parameter (config/policy.yaml), repeatable")
     p.add_argument("--out", help="write the chunks to this new bag (mcap)")
     p.add_argument("--golden", help="trace npz whose chunk the first chunk must match")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("trace-to-bag", help="turn a golden trace into a replayable bag")
-    p.add_argument("trace")
-    p.add_argument("out")
+    p.add_argument("trace", help="golden/e2e_trace*.npz of a bundle")
+    p.add_argument("out", help="new rosbag2 folder to write")
     p.add_argument("--frames", type=int_at_least(1), default=3, help="observations to write")
     p.add_argument("--period-s", type=float_in(0.0, 3600.0, low_open=True), default=0.5,
                    help="seconds between observations")
-    p.add_argument("--mcap", action="store_true")
+    p.add_argument("--mcap", action="store_true", help="write mcap instead of sqlite3")
     p.set_defaults(func=cmd_trace_to_bag)
 
 

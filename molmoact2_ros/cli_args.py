@@ -17,7 +17,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        shown = default not in (None, False, argparse.SUPPRESS) and default != []
+        shown = not (default is None or default is False or default is argparse.SUPPRESS
+                     or default == [])
         if shown and "%(default)" not in text and (action.option_strings or action.nargs in
                                                     (argparse.OPTIONAL, argparse.ZERO_OR_MORE)):
             text += " (default: %(default)s)"
