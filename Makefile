@@ -12,7 +12,7 @@ $(BIN)/molmoact2: setup.py
 	@start=$$(date +%s); \
 	$(PYTHON) -m venv $(VENV) && \
 	$(BIN)/python -m pip install --quiet --upgrade pip && \
-	$(BIN)/python -m pip install --progress-bar off -e '.[test]' && \
+	$(BIN)/python -m pip install -e '.[test]' && \
 	echo "== make: installed in $$(( $$(date +%s) - start )) s"
 	touch $@
 
