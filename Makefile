@@ -7,14 +7,19 @@ BIN := $(VENV)/bin
 .PHONY: install bundle demo test lint clean
 
 $(BIN)/molmoact2: setup.py
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@echo "== make: installing molmoact2_ros into $(VENV) with its test extra (numpy, tokenizers,"
+	@echo "   tqdm, onnxruntime, onnx, rosbags, safetensors, pytest, ruff); the first time takes 1-2 min"
+	@start=$$(date +%s); \
+	$(PYTHON) -m venv $(VENV) && \
+	$(BIN)/python -m pip install --quiet --upgrade pip && \
+	$(BIN)/python -m pip install -e '.[test]' && \
+	echo "== make: installed in $$(( $$(date +%s) - start )) s"
 	touch $@
 
 install: $(BIN)/molmoact2
 
 $(BUNDLE)/.stamp: $(BIN)/molmoact2 $(wildcard molmoact2_ros/synth/*.py)
+	@echo "== make: writing the tiny synthetic bundles to $(BUNDLE)"
 	rm -rf $(BUNDLE)
 	$(BIN)/molmoact2 tiny-bundle $(BUNDLE)
 	touch $@
@@ -22,8 +27,11 @@ $(BUNDLE)/.stamp: $(BIN)/molmoact2 $(wildcard molmoact2_ros/synth/*.py)
 bundle: $(BUNDLE)/.stamp
 
 demo: bundle
+	@echo "== make: demo: every variant's pipeline on its sample observation"
 	$(BIN)/molmoact2 demo $(BUNDLE)
+	@echo "== make: parity: every session and trace against the goldens"
 	$(BIN)/molmoact2 parity $(BUNDLE)
+	@echo "== make: demo done: every variant ran on its sample observation and passed parity"
 
 lint: install
 	$(BIN)/ruff check .

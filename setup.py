@@ -19,6 +19,8 @@ setup(
         # qai_appbuilder 2.51.40 requires numpy<=2.4.4; Humble ships numpy 1.x.
         "numpy>=1.22,<=2.4.4",
         "tokenizers>=0.15,<1",
+        # progress bars of the CLI (pure Python, no dependencies); without it, status lines
+        "tqdm>=4.60,<5",
     ],
     extras_require={
         "onnx": ["onnxruntime>=1.17"],

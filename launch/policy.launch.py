@@ -60,6 +60,21 @@ def _arguments():
     return args
 
 
+def _bundle_paths(root):
+    """bundle.<variant> for a root of variant folders or one variant's folder, resolved as
+    every molmoact2 command does; where that fails, the node's configure says why."""
+    fallback = {f"bundle.{v}": os.path.join(root, v) for v in VARIANTS}
+    try:
+        from molmoact2_ros.bundle import bundle_parameters
+        from molmoact2_ros.errors import MolmoActError
+    except ImportError:
+        return fallback
+    try:
+        return bundle_parameters(root)
+    except MolmoActError:
+        return fallback
+
+
 def _launch(context):
     def arg(name):
         return LaunchConfiguration(name).perform(context)
@@ -68,9 +83,9 @@ def _launch(context):
     for name in ("variant", "backend", "instruction"):
         if arg(name):
             overrides[name] = arg(name)
+    found = _bundle_paths(arg("bundle_root")) if arg("bundle_root") else {}
     for v in VARIANTS:
-        path = arg(f"bundle_{v}") or (os.path.join(arg("bundle_root"), v)
-                                      if arg("bundle_root") else "")
+        path = arg(f"bundle_{v}") or found.get(f"bundle.{v}", "")
         if path:
             overrides[f"bundle.{v}"] = path
     node = launch_ros.actions.LifecycleNode(

@@ -20,7 +20,7 @@ from pathlib import Path
 from .errors import BundleError
 from .host.conventions import Conventions
 from .host.normstats import NormStats
-from .variants import COMPONENTS, SUFFIX_GROUPS, VariantSpec, get_variant
+from .variants import COMPONENTS, SUFFIX_GROUPS, VARIANTS, VariantSpec, get_variant
 
 HOST_FILES = ("tokenizer.json", "embeddings.npy", "prompt.json", "conventions.json")
 #: Smallest size a real context binary can have; anything smaller is a truncated download.
@@ -66,27 +66,12 @@ class Bundle:
 
     @classmethod
     def open(cls, root: Path | str, variant: str | None = None) -> Bundle:
-        root = Path(root).expanduser()
-        if variant is not None:
-            get_variant(variant)  # an unknown name is reported with the valid ones
-        if not root.is_dir():
-            raise BundleError(f"bundle folder {root} does not exist; download or build it first")
+        """Open a variant folder, or the ``variant`` folder below a root (``resolve_bundle``)."""
+        name, folder = resolve_bundle(root, variant)
         manifest: dict = {}
-        manifest_path = root / "bundle.json"
-        if manifest_path.is_file():
-            try:
-                manifest = json.loads(manifest_path.read_text())
-            except json.JSONDecodeError as exc:
-                raise BundleError(f"{manifest_path} is not valid JSON ({exc})") from None
-        declared = manifest.get("variant")
-        if variant is None and declared is None:
-            raise BundleError(f"{root} has no bundle.json; say which variant it holds")
-        if variant is not None and declared is not None and variant != declared:
-            raise BundleError(
-                f"{root} holds variant {declared!r}, not {variant!r}; point the "
-                f"{variant} bundle location at the right folder"
-            )
-        return cls(root=root.resolve(), variant=get_variant(variant or declared), manifest=manifest)
+        if (folder / "bundle.json").is_file():
+            manifest = json.loads((folder / "bundle.json").read_text())  # checked by the resolver
+        return cls(root=folder, variant=get_variant(name), manifest=manifest)
 
     # -- paths ------------------------------------------------------------------------------
     def context_path(self, component: str, suffix: str = "") -> Path:
@@ -186,3 +171,76 @@ class Bundle:
                 + "\n  - ".join(problems)
                 + "\nre-download the bundle or rebuild it (molmoact2 tiny-bundle for tests)"
             )
+
+
+#: Entries that mark a folder as one variant's bundle (rather than a root of variant folders).
+_BUNDLE_MARKERS = ("bundle.json", "ctx", "onnx", "golden", "host")
+
+
+def _declared_variant(folder: Path) -> str | None:
+    manifest = folder / "bundle.json"
+    if not manifest.is_file():
+        return None
+    try:
+        data = json.loads(manifest.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BundleError(f"{manifest} is not valid JSON ({exc}); rebuild the bundle") from None
+    declared = data.get("variant") if isinstance(data, dict) else None
+    if declared is not None and declared not in VARIANTS:
+        raise BundleError(f"{manifest} names variant {declared!r}; it must be one of "
+                          f"{', '.join(VARIANTS)}")
+    return declared
+
+
+def resolve_bundles(path: Path | str, variant: str | None = None) -> list[tuple[str, Path]]:
+    """``(variant, folder)`` pairs for a bundle folder or a root of per-variant folders.
+
+    Every command and the node resolve bundle paths here, so a variant folder, a root
+    (``<root>/<variant>/``), a missing path and an empty folder mean the same everywhere.
+    """
+    if variant is not None:
+        get_variant(variant)  # an unknown name is reported with the valid ones
+    if not str(path).strip():
+        raise BundleError("no bundle path given; set it to a bundle folder or a root of "
+                          "variant folders")
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        raise BundleError(f"bundle path {folder} does not exist; build one with "
+                          "'molmoact2 tiny-bundle DIR' or download it")
+    if not folder.is_dir():
+        raise BundleError(f"bundle path {folder} is a file; give the bundle folder")
+    if any((folder / marker).exists() for marker in _BUNDLE_MARKERS):
+        declared = _declared_variant(folder)
+        if variant is None and declared is None:
+            raise BundleError(f"{folder} has no bundle.json naming its variant; add --variant "
+                              f"(one of {', '.join(VARIANTS)})")
+        if variant is not None and declared is not None and variant != declared:
+            raise BundleError(f"{folder} holds variant {declared!r}, not {variant!r}; drop "
+                              f"--variant or give the {variant} folder")
+        return [(variant or declared, folder.resolve())]
+    present = [v for v in VARIANTS if (folder / v).is_dir()]
+    if variant is not None:
+        if variant not in present:
+            found = f"it has {', '.join(present)}" if present else "it has no variant folders"
+            raise BundleError(f"{folder} holds no {variant} bundle (no {variant}/ folder; "
+                              f"{found})")
+        present = [variant]
+    if not present:
+        raise BundleError(f"{folder} holds no bundle: no bundle.json, ctx/, onnx/, golden/ or "
+                          f"host/, and no variant folder ({', '.join(VARIANTS)})")
+    return [(name, (folder / name).resolve()) for name in present]
+
+
+def resolve_bundle(path: Path | str, variant: str | None = None) -> tuple[str, Path]:
+    """Exactly one ``(variant, folder)``; a root with several variants needs ``variant``."""
+    found = resolve_bundles(path, variant)
+    if len(found) > 1:
+        raise BundleError(f"{path} holds {len(found)} variants ({', '.join(n for n, _ in found)})"
+                          "; choose one with --variant")
+    return found[0]
+
+
+def bundle_parameters(path: Path | str) -> dict[str, str]:
+    """``bundle.<variant>`` parameter values for a root of variant folders or one variant's
+    folder (replay's ``--bundle-root``, the launch file's ``bundle_root``)."""
+    return {f"bundle.{name}": str(folder) for name, folder in resolve_bundles(path)}

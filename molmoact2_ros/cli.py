@@ -1,112 +1,41 @@
-"""``molmoact2`` command line: tiny-bundle, parity, demo, bench, doctor."""
+"""``molmoact2``: run, check and build MolmoAct2-LIBERO bundles without ROS."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
+from . import __version__
+from .appbuilder import CHOICES as APPBUILDER_CHOICES
+from .appbuilder import ENV as APPBUILDER_ENV
+from .appbuilder import use_test_fake
+from .bundle import bundle_parameters
+from .cli_args import HelpFormatter, Parser, float_in, int_at_least
 from .errors import MolmoActError
 from .variants import VARIANTS
 
+#: Modules with a ``register(subparsers)`` function, each adding its command(s).
+COMMAND_MODULES = ("demo", "parity", "convention_check", "tiny_bundle", "export_host",
+                   "bench", "doctor")
+#: How ``molmoact2 --help`` groups the commands (any other registered command goes last).
+GROUPS = {
+    "run": ("demo", "replay", "bench"),
+    "check": ("parity", "conventions", "doctor", "device-report"),
+    "bundle tools": ("tiny-bundle", "export-host", "trace-to-bag"),
+}
+EPILOG = f"""\
+exit status: 0 ok; 1 a check failed (parity, conventions, doctor, replay --golden) or an
+unexpected error; 2 bad input (arguments, missing files, a missing optional dependency).
 
-def _variant_dirs(root: Path, variant: str | None) -> list[tuple[str, Path]]:
-    """A bundle folder, or a folder of per-variant bundle folders (as tiny-bundle writes)."""
-    root = Path(root)
-    if (root / "bundle.json").is_file() or variant and not (root / variant).is_dir():
-        return [(variant, root)]
-    names = [variant] if variant else [v for v in VARIANTS if (root / v).is_dir()]
-    if not names:
-        raise MolmoActError(f"{root} holds no bundle (no bundle.json, no variant folders)")
-    return [(name, root / name) for name in names]
-
-
-def cmd_tiny_bundle(args: argparse.Namespace) -> int:
-    from .synth import write_tiny_bundles
-
-    written = write_tiny_bundles(Path(args.out), variants=args.variants or tuple(VARIANTS),
-                                 seed=args.seed)
-    for name, path in written.items():
-        print(f"{name:<14} {path}")
-    return 0
-
-
-def cmd_parity(args: argparse.Namespace) -> int:
-    from .golden import TRACE_FILES, component_parity, e2e_parity, format_table
-    from .policy import Policy
-
-    ok = True
-    for name, path in _variant_dirs(Path(args.bundle), args.variant):
-        policy = Policy.load(path, name, backend=args.backend)
-        with policy:
-            contracts = policy.bundle.variant.contracts(
-                euler_in_graph=policy.conventions.euler_in_graph
-            )
-            tol = {"min_cosine": args.min_cosine}
-            rows = component_parity(
-                path / "golden", policy.pipeline.run_component, contracts, **tol
-            )
-            for trace in TRACE_FILES:
-                if (path / "golden" / trace).is_file():
-                    rows += e2e_parity(policy, path / "golden" / trace, **tol)
-        print(f"== {policy.bundle.variant.name} ({args.backend}) {path}")
-        print(format_table(rows))
-        failed = [r for r in rows if not r.passed]
-        print(f"{len(rows) - len(failed)}/{len(rows)} rows pass")
-        ok &= not failed
-    return 0 if ok else 1
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from .golden import load_npz
-    from .policy import Observation, Policy
-
-    for name, path in _variant_dirs(Path(args.bundle), args.variant):
-        trace = load_npz(path / "golden" / "e2e_trace.npz", ("image_primary", "image_wrist",
-                                                              "state", "instruction"))
-        with Policy.load(path, name, backend=args.backend, seed=0,
-                         instruction=str(trace["instruction"])) as policy:
-            obs = Observation(images=(trace["image_primary"], trace["image_wrist"]),
-                              state=trace["state"])
-            timings: dict[str, list[float]] = {}
-            for _ in range(args.chunks):
-                chunk = policy.predict(obs)
-                for key, value in chunk.latency_ms.items():
-                    timings.setdefault(key, []).append(value)
-            print(f"== {name}: {args.chunks} chunks, {policy.flow_steps} flow steps, "
-                  f"backend {args.backend}")
-            print(f"{'stage':<16} {'median ms':>10} {'p95 ms':>10}")
-            for key, values in timings.items():
-                print(f"{key:<16} {np.median(values):>10.2f} {np.percentile(values, 95):>10.2f}")
-            print("last chunk (de-normalised, 10 x 7):")
-            print(np.array2string(chunk.actions, precision=4, suppress_small=True))
-    return 0
-
-
-def cmd_conventions(args: argparse.Namespace) -> int:
-    from .bundle import Bundle
-    from .convention_check import MISMATCH, check_conventions, format_findings
-
-    ok = True
-    for name, path in _variant_dirs(Path(args.bundle), args.variant):
-        findings = check_conventions(Bundle.open(path, name))
-        print(f"== {path}")
-        print(format_findings(findings))
-        ok &= all(f.verdict != MISMATCH for f in findings)
-    return 0 if ok else 1
-
-
-def cmd_export_host(args: argparse.Namespace) -> int:
-    from .export_host import export_host
-
-    for path in export_host(Path(args.checkpoint), Path(args.bundle), force=args.force):
-        print(f"wrote {path}")
-    print("now check the conventions against the goldens: molmoact2 conventions "
-          f"{args.bundle}")
-    return 0
+HTP path off the board: --appbuilder fake (or {APPBUILDER_ENV}=fake) makes the HTP workers
+import the test fake of qai_appbuilder from tests/fake_qai_appbuilder (a source checkout),
+which runs the tiny bundles' stand-in contexts with ONNX Runtime; outputs then say
+"qai_appbuilder: test fake". Example: molmoact2 --appbuilder fake parity .cache/tiny-bundle
+--backend htp"""
 
 
 def _parse_value(default, text: str):
@@ -127,12 +56,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
     changes = {"variant": args.variant, "backend": args.backend, "seed": args.seed,
                "flow_steps": args.flow_steps, "instruction": args.instruction,
                "max_observation_age_s": args.max_age}
-    for name in VARIANTS:
-        if (Path(args.bundle_root) / name).is_dir():
-            changes[f"bundle.{name}"] = str(Path(args.bundle_root) / name)
+    changes.update(bundle_parameters(args.bundle_root))
     for item in args.set or []:
         key, _, value = item.partition("=")
-        changes[key] = _parse_value(Settings().values.get(key, ""), value)
+        if key not in Settings().values:
+            raise MolmoActError(f"--set {item!r}: unknown parameter {key!r}; the parameters "
+                                "are listed in config/policy.yaml")
+        try:
+            changes[key] = _parse_value(Settings().values[key], value)
+        except ValueError:
+            raise MolmoActError(f"--set {item!r}: {value!r} is not a valid value for "
+                                f"{key}") from None
     ok, reason = validate_changes(changes, Settings())
     if not ok:
         raise MolmoActError(reason)
@@ -145,6 +79,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             writer.close()
     print(f"{result.synced} synchronised observations, {len(result.published)} chunks, "
           f"drops {result.drops or 'none'}")
+    if args.out:
+        print(f"wrote {len(result.published)} chunks to {args.out}")
     if args.golden:
         trace = load_npz(Path(args.golden), ["chunk"])
         if not result.published:
@@ -169,81 +105,106 @@ def cmd_trace_to_bag(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="molmoact2", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("tiny-bundle", help="write the tiny synthetic bundles")
-    p.add_argument("out", help="output folder (one sub-folder per variant)")
-    p.add_argument("--variants", nargs="*", choices=list(VARIANTS))
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=cmd_tiny_bundle)
-
-    p = sub.add_parser("parity", help="golden parity per component and end to end")
-    p.add_argument("bundle")
-    p.add_argument("--variant", choices=list(VARIANTS))
-    p.add_argument("--backend", default="onnx", choices=["onnx", "htp"])
-    p.add_argument("--min-cosine", type=float, default=0.9999)
-    p.set_defaults(func=cmd_parity)
-
-    p = sub.add_parser("conventions",
-                       help="read the host-glue conventions off the goldens, compare")
-    p.add_argument("bundle")
-    p.add_argument("--variant", choices=list(VARIANTS))
-    p.set_defaults(func=cmd_conventions)
-
-    p = sub.add_parser("export-host",
-                       help="write a bundle's host/ assets from the HF checkpoint")
-    p.add_argument("checkpoint", help="checkpoint folder (tokenizer.json, *.safetensors)")
-    p.add_argument("bundle", help="bundle folder to complete")
-    p.add_argument("--force", action="store_true", help="overwrite existing host files")
-    p.set_defaults(func=cmd_export_host)
-
-    p = sub.add_parser("demo", help="run the pipeline on the bundle's sample observation")
-    p.add_argument("bundle")
-    p.add_argument("--variant", choices=list(VARIANTS))
-    p.add_argument("--backend", default="onnx", choices=["onnx", "htp"])
-    p.add_argument("--chunks", type=int, default=5)
-    p.set_defaults(func=cmd_demo)
-
+def _register_replay(sub) -> None:
+    """replay and trace-to-bag (kept here until they move to their own module)."""
     p = sub.add_parser("replay", help="replay a rosbag2 through the node logic (no ROS)")
-    p.add_argument("bag")
-    p.add_argument("--bundle-root", required=True, help="folder with one folder per variant")
-    p.add_argument("--variant", default="grid_sampler", choices=list(VARIANTS))
-    p.add_argument("--backend", default="onnx", choices=["onnx", "htp"])
-    p.add_argument("--instruction", required=True)
-    p.add_argument("--seed", type=int, default=-1)
-    p.add_argument("--flow-steps", type=int, default=0)
-    p.add_argument("--max-age", type=float, default=0.5, help="max_observation_age_s")
-    p.add_argument("--set", action="append", metavar="NAME=VALUE", help="any other parameter")
+    p.add_argument("bag", help="rosbag2 folder (sqlite3 or mcap) with the camera and state topics")
+    p.add_argument("--bundle-root", required=True,
+                   help="a root with one folder per variant, or one variant's folder")
+    p.add_argument("--variant", default="grid_sampler", choices=list(VARIANTS),
+                   help="variant to run")
+    p.add_argument("--backend", default="onnx", choices=["onnx", "htp"],
+                   help="onnx: ONNX Runtime here; htp: resident workers (--appbuilder fake "
+                   "for the test fake)")
+    p.add_argument("--instruction", required=True, help="task instruction")
+    p.add_argument("--seed", type=int, default=-1, help="noise seed; -1 = random")
+    p.add_argument("--flow-steps", type=int, default=0,
+                   help="flow-matching steps; 0 = the variant default")
+    p.add_argument("--max-age", type=float, default=0.5,
+                   help="max_observation_age_s: older observations are skipped (bag clock)")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE",
+                   help="any other node parameter (config/policy.yaml), repeatable")
     p.add_argument("--out", help="write the chunks to this new bag (mcap)")
     p.add_argument("--golden", help="trace npz whose chunk the first chunk must match")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("trace-to-bag", help="turn a golden trace into a replayable bag")
-    p.add_argument("trace")
-    p.add_argument("out")
-    p.add_argument("--frames", type=int, default=3)
-    p.add_argument("--period-s", type=float, default=0.5)
-    p.add_argument("--mcap", action="store_true")
+    p.add_argument("trace", help="golden/e2e_trace*.npz of a bundle")
+    p.add_argument("out", help="new rosbag2 folder to write")
+    p.add_argument("--frames", type=int_at_least(1), default=3, help="observations to write")
+    p.add_argument("--period-s", type=float_in(0.0, 3600.0, low_open=True), default=0.5,
+                   help="seconds between observations")
+    p.add_argument("--mcap", action="store_true", help="write mcap instead of sqlite3")
     p.set_defaults(func=cmd_trace_to_bag)
 
-    for extra in ("bench", "doctor"):
-        try:
-            module = __import__(f"molmoact2_ros.{extra}", fromlist=["register"])
-        except ImportError:
-            continue
+
+def _grouped_commands(sub: argparse._SubParsersAction) -> str:
+    helps = {a.dest: a.help or "" for a in getattr(sub, "_choices_actions", [])}
+    listed, lines = set(), []
+    for group, names in {**GROUPS, "other": tuple(sorted(helps))}.items():
+        present = [n for n in names if n in helps and n not in listed]
+        if present:
+            lines.append(f"{group}:")
+            lines += [f"  {n:<14} {helps[n]}" for n in present]
+            listed.update(present)
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="molmoact2",
+                    description="Run, check and build MolmoAct2-LIBERO bundles without ROS.",
+                    usage="molmoact2 [--appbuilder {installed,fake}] [--debug] COMMAND ...")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="print the traceback of an unexpected error")
+    parser.add_argument("--appbuilder", choices=list(APPBUILDER_CHOICES),
+                        default=os.environ.get(APPBUILDER_ENV, "installed"),
+                        help="which qai_appbuilder the HTP workers import (fake: the test fake "
+                        f"of a source checkout; env {APPBUILDER_ENV})")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, prog="molmoact2",
+                                parser_class=Parser, help=argparse.SUPPRESS)
+    for name in COMMAND_MODULES:
+        module = __import__(f"molmoact2_ros.{name}", fromlist=["register"])
         module.register(sub)
+    _register_replay(sub)
+    parser.epilog = "commands (molmoact2 COMMAND --help for options):\n" + \
+        _grouped_commands(sub) + "\n\n" + EPILOG
+    parser.formatter_class = HelpFormatter
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; returns the exit status (0 ok, 1 check failed, 2 bad input)."""
+    parser = build_parser()
     try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error already printed
+        return exc.code if isinstance(exc.code, int) else 0
+    if args.appbuilder not in APPBUILDER_CHOICES:  # a bad environment value skips argparse
+        print(f"error: {APPBUILDER_ENV}={args.appbuilder!r}: use one of "
+              f"{', '.join(APPBUILDER_CHOICES)}", file=sys.stderr)
+        return 2
+    try:
+        if args.appbuilder == "fake":
+            print(f"qai_appbuilder: test fake ({use_test_fake()})", file=sys.stderr)
         return int(args.func(args) or 0)
     except MolmoActError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"error: {args.command} interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:  # unreadable input, an output path that cannot be written, ...
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bug: one line, the traceback only with --debug
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {args.command} failed unexpectedly: {type(exc).__name__}: {exc} "
+              "(rerun with molmoact2 --debug for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,18 +1,23 @@
-"""Read the host-glue conventions off a bundle's golden files and compare them with
-``conventions.json`` (host_glue.md §14): mask value, padding side, bidirectional image
-attention, encoder-mask policy, Euler placement, and whether vision already adds the
-``<im_patch>`` embedding.
+"""Read the host-glue conventions off a bundle's goldens; compare or repair ``conventions.json``.
+
+The goldens show the mask value, padding side, bidirectional image attention, encoder-mask
+policy, Euler placement and whether vision already adds the ``<im_patch>`` embedding;
+``euler_baked_steps`` and ``flip_images_180`` cannot be read off them (defaults to verify).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .bundle import Bundle
+from .bundle import Bundle, resolve_bundles
 from .golden import load_npz
+from .host.conventions import Conventions
 
 MATCH, MISMATCH, UNKNOWN = "match", "MISMATCH", "unknown"
 
@@ -58,9 +63,9 @@ def infer_from_bias(bias: np.ndarray) -> dict[str, Any]:
     }
 
 
-def check_conventions(bundle: Bundle) -> list[Finding]:
-    """Compare every convention the goldens reveal with the bundle's conventions.json."""
-    conv = bundle.conventions()
+def check_conventions(bundle: Bundle, conv: Conventions | None = None) -> list[Finding]:
+    """Compare every convention the goldens reveal with ``conv`` (default: conventions.json)."""
+    conv = conv if conv is not None else bundle.conventions()
     golden = bundle.root / "golden"
     findings = []
     split0 = load_npz(golden / "llm_split0_io.npz", ["attention_bias", "hidden_states"])
@@ -134,3 +139,79 @@ def format_findings(findings: list[Finding]) -> str:
         lines.append(f"{f.name:<38} {f.observed!s:<14} {f.configured!s:<17} {f.verdict:<8} "
                      f"{f.evidence}")
     return "\n".join(lines)
+
+
+#: Choices no golden file shows: they keep their default and are reported as still to verify.
+UNREADABLE = ("euler_baked_steps", "flip_images_180")
+
+
+def conventions_from_goldens(bundle: Bundle, base: Conventions | None = None
+                             ) -> tuple[Conventions, list[Finding]]:
+    """``base`` (defaults) with every choice the goldens show replaced by what they show.
+
+    ``euler_baked_steps`` defaults to the variant's flow steps (the tiny bundles bake that).
+    """
+    if base is None:
+        base = Conventions(euler_baked_steps=bundle.variant.default_flow_steps)
+    findings = check_conventions(bundle, base)
+    known = {f.name for f in fields(Conventions)}
+    seen = {f.name: f.observed for f in findings if f.observed is not None and f.name in known}
+    return replace(base, **seen), findings
+
+
+def unverified(findings: list[Finding]) -> list[str]:
+    """Names of the choices the goldens did not decide (defaults still to be verified)."""
+    return [f.name for f in findings if f.verdict == UNKNOWN] + list(UNREADABLE)
+
+
+def diff_lines(old: Conventions, new: Conventions) -> list[str]:
+    """``-``/``+`` lines for every choice that differs (what ``conventions --write`` changes)."""
+    a, b = asdict(old), asdict(new)
+    out = []
+    for key in sorted(a):
+        if a[key] != b[key]:
+            out += [f"-  {key}: {json.dumps(a[key])}", f"+  {key}: {json.dumps(b[key])}"]
+    return out
+
+
+def cmd_conventions(args: argparse.Namespace) -> int:
+    ok, written, names = True, [], []
+    for name, path in resolve_bundles(Path(args.bundle), args.variant):
+        bundle = Bundle.open(path, name)
+        names.append(name)
+        target = bundle.host_path("conventions.json")
+        current = bundle.conventions() if target.is_file() or not args.write else None
+        findings = check_conventions(bundle, current) if current else []
+        if findings:
+            print(f"== {name} {path}")
+            print(format_findings(findings))
+        if args.write and (current is None or any(f.verdict == MISMATCH for f in findings)):
+            fixed, findings = conventions_from_goldens(bundle, current)
+            print(f"-- {target}" if current else f"-- {target} (new)")
+            print("\n".join(diff_lines(current or Conventions(), fixed)) or "   (no change)")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(fixed.to_json() + "\n")
+            written.append(target)
+            findings = check_conventions(bundle)
+        ok &= all(f.verdict != MISMATCH for f in findings)
+    verdict = "every convention the goldens show matches" if ok else "MISMATCH (see above)"
+    fix = "" if ok or args.write else "; repair with: molmoact2 conventions --write " + args.bundle
+    print(f"conventions: {', '.join(names)}: {verdict}"
+          + (f"; wrote {len(written)} conventions.json" if written else "") + fix)
+    return 0 if ok else 1
+
+
+def register(subparsers) -> None:
+    """Add ``molmoact2 conventions`` to the CLI."""
+    from .cli_args import add_bundle_args
+
+    p = subparsers.add_parser(
+        "conventions", help="read the host-glue conventions off the goldens; compare or repair",
+        description="Read each host-glue choice off the bundle's golden files and compare it "
+        "with host/conventions.json.\nExit 1 on any MISMATCH; --write repairs the file from "
+        "the goldens and shows the diff.")
+    add_bundle_args(p)
+    p.add_argument("--write", action="store_true",
+                   help="rewrite host/conventions.json with what the goldens show (prints the "
+                   "diff; choices the goldens do not show keep their value)")
+    p.set_defaults(func=cmd_conventions)

@@ -291,7 +291,8 @@ def run_checks(bundle_dir: Path, variant: str | None, suffixes: dict[str, str],
         bundle = Bundle.open(bundle_dir, variant)
         chosen = Suffixes.from_mapping(suffixes)
     except MolmoActError as exc:
-        return checks + [Check("bundle", FAIL, str(exc), "point doctor at a bundle folder")]
+        return checks + [Check("bundle", FAIL, str(exc), "give a variant's bundle folder, or a "
+                               "root of variant folders with --variant")]
     checks.append(Check("bundle", PASS, f"{bundle.root} ({bundle.variant.name})"))
     checks.append(check_dsp_arch(bundle.variant.dsp_arch))
     files = list(check_context_files(bundle, chosen))
@@ -333,8 +334,10 @@ def register(subparsers) -> None:
     from .variants import VARIANTS
 
     p = subparsers.add_parser("doctor", help="check this machine and a bundle for the HTP runtime")
-    p.add_argument("bundle", help="a bundle folder (with bundle.json, or give --variant)")
-    p.add_argument("--variant", choices=list(VARIANTS))
+    p.add_argument("bundle", help="a variant's bundle folder, or a root of variant folders "
+                   "with --variant")
+    p.add_argument("--variant", choices=list(VARIANTS),
+                   help="which variant (default: the folder's bundle.json)")
     p.add_argument("--suffix", type=_suffix, action="append", metavar="GROUP=SUFFIX",
                    help="context suffix per group (vision, llm, action), e.g. llm=_w4a16")
     p.add_argument("--timeout", type=float, default=60.0, help="deadline per call, seconds")

@@ -38,3 +38,7 @@ class WorkerFailed(RuntimeBackendError):
         super().__init__(message)
         self.worker = worker
         self.session = session
+
+
+class MissingDependencyError(MolmoActError):
+    """An optional Python package is not installed; the message names the extra to install."""

@@ -1,4 +1,4 @@
-"""Variants as data and the cross-session chain check (design.md §2)."""
+"""Variants as data and the cross-session chain check (docs/architecture.md, docs/runtime.md)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from molmoact2_ros.bundle import Bundle
 from molmoact2_ros.cli import main as cli_main
 from molmoact2_ros.convention_check import MATCH, MISMATCH, check_conventions, infer_from_bias
+from molmoact2_ros.host.conventions import Conventions
 
 
 def test_bias_reading_hand_worked():
@@ -50,3 +52,34 @@ def test_a_wrong_conventions_file_is_caught(tiny_root, tmp_path, capsys, key, va
     assert sum(v == MISMATCH for v in verdicts.values()) == 1
     assert cli_main(["conventions", str(root)]) == 1
     assert "MISMATCH" in capsys.readouterr().out
+
+
+def test_conventions_write_repairs_a_wrong_file_and_shows_the_diff(tiny_root, tmp_path, capsys):
+    root = tmp_path / "lp_vtp_sd"
+    shutil.copytree(tiny_root / "lp_vtp_sd", root, ignore=shutil.ignore_patterns("ctx", "onnx"))
+    path = root / "host" / "conventions.json"
+    good = Conventions.from_json(path)
+    wrong = replace(good, padding_side="right", mask_value=-30000.0, encoder_mask="exclude_eos",
+                    image_embeds_include_patch_embedding=False)
+    path.write_text(wrong.to_json())
+    assert cli_main(["conventions", str(root)]) == 1
+    assert "repair with: molmoact2 conventions --write" in capsys.readouterr().out
+    assert cli_main(["conventions", str(root), "--write"]) == 0
+    out = capsys.readouterr().out
+    assert '-  encoder_mask: "exclude_eos"' in out and '+  encoder_mask: "padding_only"' in out
+    assert "-  mask_value: -30000.0" in out and "+  mask_value: -10000.0" in out
+    assert out.strip().splitlines()[-1] == ("conventions: lp_vtp_sd: every convention the "
+                                            "goldens show matches; wrote 1 conventions.json")
+    assert Conventions.from_json(path) == good
+    assert cli_main(["conventions", str(root)]) == 0
+
+
+def test_conventions_write_creates_a_missing_file(tiny_root, tmp_path):
+    root = tmp_path / "grid_sampler"
+    shutil.copytree(tiny_root / "grid_sampler", root, ignore=shutil.ignore_patterns("ctx", "onnx"))
+    path = root / "host" / "conventions.json"
+    good = Conventions.from_json(path)
+    path.unlink()
+    assert cli_main(["conventions", str(root)]) == 2  # missing file: bad input, named
+    assert cli_main(["conventions", str(root), "--write"]) == 0
+    assert Conventions.from_json(path) == good

@@ -82,7 +82,7 @@ def test_parity_cli_all_variants(control, tiny_root, capsys):
     assert main(["parity", str(tiny_root), "--backend", "htp"]) == 0
     out = capsys.readouterr().out
     for name in ("grid_sampler", "lp_vtp_sd", "fused"):
-        assert f"== {name} (htp)" in out
+        assert f"== {name} (htp (qai_appbuilder: test fake))" in out
     assert "FAIL" not in out
     assert not Snapshot.take().leaks_since(before)
 

@@ -80,7 +80,8 @@ class Tokenizer:
         try:
             from tokenizers import Tokenizer as HFTokenizer
         except ImportError:
-            raise BundleError("prompt building needs the 'tokenizers' package") from None
+            raise BundleError("prompt building needs the 'tokenizers' package, a core dependency: "
+                              "pip install 'tokenizers>=0.15,<1'") from None
         try:
             self._tok = HFTokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception on bad files

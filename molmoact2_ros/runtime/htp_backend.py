@@ -2,7 +2,7 @@
 
 Six processes hold the seven sessions (vision, llm_split0..3, and action_context +
 action_step in the action worker). This process never imports qai_appbuilder: workers are
-started with the ``spawn`` method and each initialises QNN itself (qai_appbuilder.md §6–§7).
+started with the ``spawn`` method and each initialises QNN itself (docs/runtime.md).
 Tensors never cross a pipe on the hot path: the host writes its inputs into arena views
 (``input_buffer``), vision writes ``image_embeds`` there, split *i* reads ``hidden_out{i-1}``
 and writes ``hidden_out{i}`` plus its layer slice of the K/V buffers the action worker reads,

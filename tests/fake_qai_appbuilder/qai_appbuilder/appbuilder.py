@@ -2,7 +2,7 @@
 
 It keeps the per-process model map (``sg_model_map``) keyed by ``model_name``, loads the
 stand-in context files written by ``molmoact2_ros.synth.contexts`` and runs their ONNX graphs
-with onnxruntime. Behaviour mirrored from the C++ sources (qai_appbuilder.md §2):
+with onnxruntime. Behaviour mirrored from the qai_appbuilder 2.51.40 C++ sources:
 
 * a failed load does not raise: the object exists, its getters return ``""``/``[]``;
 * a duplicate ``model_name`` fails to register, and the object then answers for the model

@@ -1,0 +1,184 @@
+"""Bad CLI input, table-driven: each case exits 2 with one line naming the problem, no traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from molmoact2_ros.cli import main
+
+
+def _checkpoint(tiny: Path, tmp: Path) -> Path:
+    """A minimal checkpoint folder: tokenizer.json plus one bfloat16 safetensors file."""
+    ckpt = tmp / "ckpt"
+    ckpt.mkdir()
+    shutil.copy(tiny / "grid_sampler" / "host" / "tokenizer.json", ckpt)
+    header = {"x.wte.embedding": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]},
+              "x.wte.new_embedding": {"dtype": "BF16", "shape": [1, 2], "data_offsets": [8, 12]}}
+    raw = json.dumps(header).encode()
+    (ckpt / "m.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(12))
+    return ckpt
+
+
+def _variant_copy(tiny: Path, tmp: Path, name: str = "grid_sampler") -> Path:
+    dst = tmp / "copy" / name
+    shutil.copytree(tiny / name, dst, ignore=shutil.ignore_patterns("ctx", "onnx"))
+    return dst
+
+
+def _file(tiny: Path, tmp: Path) -> Path:
+    (tmp / "a_file").write_text("x")
+    return tmp / "a_file"
+
+
+def _empty(tiny: Path, tmp: Path) -> Path:
+    (tmp / "empty").mkdir()
+    return tmp / "empty"
+
+
+def _no_manifest(tiny: Path, tmp: Path) -> Path:
+    dst = _variant_copy(tiny, tmp)
+    (dst / "bundle.json").unlink()
+    return dst
+
+
+def _manifest(text: str):
+    def make(tiny: Path, tmp: Path) -> Path:
+        dst = _variant_copy(tiny, tmp)
+        (dst / "bundle.json").write_text(text)
+        return dst
+    return make
+
+
+def _corrupt_shard(tiny: Path, tmp: Path) -> Path:
+    ckpt = _checkpoint(tiny, tmp)
+    (ckpt / "m.safetensors").write_bytes(b"\xff" * 40)
+    return ckpt
+
+
+def _index(text: str):
+    def make(tiny: Path, tmp: Path) -> Path:
+        ckpt = _checkpoint(tiny, tmp)
+        (ckpt / "model.safetensors.index.json").write_text(text)
+        return ckpt
+    return make
+
+
+def _no_tokenizer(tiny: Path, tmp: Path) -> Path:
+    ckpt = _checkpoint(tiny, tmp)
+    (ckpt / "tokenizer.json").unlink()
+    return ckpt
+
+
+T = "{tiny}"  # the tiny bundle root
+# (case id, argv with {tiny}/{made}/{tmp} placeholders, maker for {made}, expected message)
+CASES = [
+    ("min-cosine negative", ["parity", T, "--min-cosine", "-5"], None,
+     "argument --min-cosine: -5.0 is outside (0.0, 1.0]"),
+    ("min-cosine above 1", ["parity", T, "--min-cosine", "1.5"], None, "1.5 is outside (0.0, 1.0]"),
+    ("min-cosine zero", ["parity", T, "--min-cosine", "0"], None, "0.0 is outside (0.0, 1.0]"),
+    ("min-cosine nan", ["parity", T, "--min-cosine", "nan"], None, "'nan' is not a finite number"),
+    ("min-cosine text", ["parity", T, "--min-cosine", "high"], None, "'high' is not a number"),
+    ("demo chunks 0", ["demo", T, "--chunks", "0"], None,
+     "argument --chunks: 0 is below the minimum 1"),
+    ("demo chunks negative", ["demo", T, "--chunks", "-3"], None, "-3 is below the minimum 1"),
+    ("demo chunks text", ["demo", T, "--chunks", "many"], None, "'many' is not an integer"),
+    ("demo warmup negative", ["demo", T, "--warmup", "-1"], None, "-1 is below the minimum 0"),
+    ("frames negative", ["trace-to-bag", "t.npz", "out", "--frames", "-1"], None,
+     "argument --frames: -1 is below the minimum 1"),
+    ("frames zero", ["trace-to-bag", "t.npz", "out", "--frames", "0"], None,
+     "0 is below the minimum 1"),
+    ("period negative", ["trace-to-bag", "t.npz", "out", "--period-s", "-0.5"], None,
+     "argument --period-s: -0.5 is outside (0.0, 3600.0]"),
+    ("period zero", ["trace-to-bag", "t.npz", "out", "--period-s", "0"], None,
+     "0.0 is outside (0.0, 3600.0]"),
+    ("unknown variant", ["demo", T, "--variant", "huge"], None,
+     "argument --variant: invalid choice: 'huge'"),
+    ("unknown command", ["fly"], None, "argument COMMAND: invalid choice: 'fly'"),
+    ("unknown appbuilder", ["--appbuilder", "real", "parity", T], None,
+     "argument --appbuilder: invalid choice: 'real'"),
+    ("missing bundle path", ["demo", "{tmp}/nowhere"], None, "nowhere does not exist"),
+    ("bundle path is a file", ["parity", "{made}"], _file, "a_file is a file"),
+    ("empty folder", ["parity", "{made}"], _empty, "empty holds no bundle"),
+    ("variant not below root", ["parity", "{made}", "--variant", "fused"],
+     lambda tiny, tmp: _variant_copy(tiny, tmp).parent,
+     "holds no fused bundle (no fused/ folder; it has grid_sampler)"),
+    ("variant folder of another variant", ["conventions", T + "/grid_sampler", "--variant",
+                                           "fused"], None,
+     "holds variant 'grid_sampler', not 'fused'; drop --variant or give the fused folder"),
+    ("no bundle.json, no --variant", ["conventions", "{made}"], _no_manifest,
+     "has no bundle.json naming its variant; add --variant"),
+    ("bundle.json not JSON", ["conventions", "{made}"], _manifest("{variant"),
+     "bundle.json is not valid JSON"),
+    ("bundle.json unknown variant", ["conventions", "{made}"], _manifest('{"variant": "big"}'),
+     "bundle.json names variant 'big'; it must be one of grid_sampler, lp_vtp_sd, fused"),
+    ("export-host corrupt safetensors", ["export-host", "{made}", "{tmp}/b",
+                                         "--variant", "grid_sampler"], _corrupt_shard,
+     "m.safetensors is not a readable safetensors file"),
+    ("export-host index not JSON", ["export-host", "{made}", "{tmp}/b", "--variant", "fused"],
+     _index("{weight"), "model.safetensors.index.json is not a safetensors index"),
+    ("export-host index without weight_map", ["export-host", "{made}", "{tmp}/b", "--variant",
+                                              "fused"], _index('{"metadata": {}}'),
+     "is not a safetensors index (needs a 'weight_map'"),
+    ("export-host index names a missing shard", ["export-host", "{made}", "{tmp}/b",
+                                                 "--variant", "fused"],
+     _index('{"weight_map": {"a.wte.embedding": "gone.safetensors"}}'),
+     "names ['gone.safetensors'] which"),
+    ("export-host output is a file", ["export-host", "{made}", "{tmp}/a_file"],
+     lambda tiny, tmp: (_file(tiny, tmp), _checkpoint(tiny, tmp))[1], "a_file is a file"),
+    ("export-host no checkpoint", ["export-host", "{tmp}/ckpt", "{tmp}/b"], None,
+     "checkpoint folder"),
+    ("export-host no tokenizer", ["export-host", "{made}", "{tmp}/b"], _no_tokenizer,
+     "has no tokenizer.json"),
+    ("export-host no variant", ["export-host", "{made}", "{tmp}/b"], _checkpoint,
+     "has no bundle.json naming its variant; add --variant"),
+    ("tiny-bundle output is a file", ["tiny-bundle", "{made}"], _file,
+     "output path"),
+    ("replay negative flow steps", ["replay", "bag", "--bundle-root", T, "--instruction", "x",
+                                    "--flow-steps", "-1"], None,
+     "flow_steps=-1 is out of range [0, 100]"),
+    ("replay negative max age", ["replay", "bag", "--bundle-root", T, "--instruction", "x",
+                                 "--max-age", "-1"], None,
+     "max_observation_age_s=-1.0 is out of range"),
+    ("replay --set unknown parameter", ["replay", "bag", "--bundle-root", T, "--instruction",
+                                        "x", "--set", "speed=3"], None,
+     "--set 'speed=3': unknown parameter 'speed'"),
+    ("replay --set bad value", ["replay", "bag", "--bundle-root", T, "--instruction", "x",
+                                "--set", "rate_hz=fast"], None,
+     "--set 'rate_hz=fast': 'fast' is not a valid value for rate_hz"),
+    ("replay missing bundle root", ["replay", "bag", "--bundle-root", "{tmp}/nowhere",
+                                    "--instruction", "x"], None, "nowhere does not exist"),
+]
+
+
+@pytest.mark.parametrize("argv, maker, message", [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_bad_cli_input_is_one_line_and_exit_2(tiny_root, tmp_path, capsys, argv, maker,
+                                              message):
+    made = maker(tiny_root, tmp_path) if maker else None
+    argv = [a.format(tiny=tiny_root, tmp=tmp_path, made=made) for a in argv]
+    if argv[0] == "replay":
+        pytest.importorskip("rosbags")
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if line.startswith("error")]
+    # progress lines may come first; the refusal is one line, and the last
+    assert len(errors) == 1 and err.strip().splitlines()[-1] == errors[0], err
+    assert message in errors[0]
+    assert "Traceback" not in out + err
+
+
+def test_the_corpus_is_large_enough():
+    assert len(CASES) >= 20 and len({c[0] for c in CASES}) == len(CASES)
+
+
+def test_nothing_is_written_on_refused_export(tiny_root, tmp_path):
+    ckpt = _corrupt_shard(tiny_root, tmp_path)
+    assert main(["export-host", str(ckpt), str(tmp_path / "b"), "--variant", "fused"]) == 2
+    assert list((tmp_path / "b" / "host").iterdir()) == []
+    assert np.load(tiny_root / "fused" / "host" / "embeddings.npy").size  # source untouched
