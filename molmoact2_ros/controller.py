@@ -285,7 +285,7 @@ class Controller:
                 return
             horizon_s = self._chunk_rows * self.settings["control_period_s"]
             remaining = horizon_s - (now - self._chunk_started_ns) / 1e9
-            if remaining <= self.latency_estimate_s:
+            if remaining <= self.latency_estimate_s + self.settings["execution.overlap_s"]:
                 self._wake.set()
 
     # -- inference -------------------------------------------------------------------------------
@@ -333,9 +333,19 @@ class Controller:
                 if self.health[0] == "error" and self.health[1].startswith("runtime failed"):
                     self._recover()
         ready = self._clock()
+        total_s = (ready - received) / 1e9
+        previous_s = self.latency_estimate_s
+        self.latency_estimate_s = total_s if previous_s == 0 else 0.8 * previous_s + 0.2 * total_s
         period_ns = int(round(settings["control_period_s"] * 1e9))
         timing = chunk_timing(settings["execution.start"], chunk.observation_stamp_ns, ready,
                               period_ns, chunk.actions.shape[0])
+        if timing.first_future_index >= chunk.actions.shape[0]:
+            self.drops["chunk_in_past"] += 1
+            self._log_throttled(logging.WARNING, "chunk_in_past", (
+                f"chunk ready {(ready - timing.start_ns) / 1e9:.3f} s after its observation: "
+                "every action is already due, not published; lower the latency or set "
+                "execution.start=receipt"))
+            return None
         blended = blend(settings["execution.blend"], chunk.actions, self._executing,
                         timing.start_ns, timing.first_future_index,
                         ramp=settings["execution.crossfade_ramp"],
@@ -357,9 +367,6 @@ class Controller:
                               timing.start_ns, timing.trajectory_stamp_ns,
                               timing.first_future_index)
         self.last_latency_ms = dict(chunk.latency_ms)
-        total_s = (ready - received) / 1e9
-        previous_s = self.latency_estimate_s
-        self.latency_estimate_s = total_s if previous_s == 0 else 0.8 * previous_s + 0.2 * total_s
         self._last_action = actions[-1].copy()
         self._chunk_started_ns = timing.start_ns
         self._chunk_rows = actions.shape[0]

@@ -66,6 +66,10 @@ PARAMS: tuple[ParamSpec, ...] = (
        "chunk timing: observation (row i due at observation stamp + (i+1) period) | receipt"),
     _p("execution.blend", "none",
        "continuity across replans: none | crossfade | ensemble | inpaint (in the flow loop)"),
+    _p("execution.overlap_s", 0.0,
+       "trigger=chunk_consumed: infer early enough that this much of the current chunk is "
+       "still ahead when the next arrives (the window blending works in)",
+       float_range=(0.0, 10.0)),
     _p("execution.crossfade_ramp", "linear", "crossfade ramp over the overlap: linear | cosine"),
     _p("execution.ensemble_decay", 0.01,
        "ensemble weights exp(-decay k), k = 0 for the oldest prediction (ACT)",

@@ -92,11 +92,18 @@ def test_receipt_start_has_a_zero_trajectory_stamp_and_no_past_actions(tmp_path)
 
 
 def test_first_future_index_follows_the_clock_and_period(tmp_path):
-    ctl, clock, policy, _ = _controller(tmp_path, {"control_period_s": 0.02},
-                                        latency_ns=205 * MS)
-    assert _observe(ctl, clock, 0).first_future_index == 10  # 205 ms > 10 x 20 ms
+    ctl, clock, policy, published = _controller(tmp_path, {"control_period_s": 0.02},
+                                                latency_ns=199 * MS)
+    assert _observe(ctl, clock, 0).first_future_index == 9  # row 9 due at 200 ms
     ctl.apply({"control_period_s": 0.1})
-    assert _observe(ctl, clock, 0).first_future_index == 2
+    assert _observe(ctl, clock, 0).first_future_index == 1
+    # a chunk whose every action is already due is not published (a trajectory controller
+    # would reject it as ending in the past)
+    ctl.apply({"control_period_s": 0.01})
+    assert _observe(ctl, clock, 0) is None and len(published) == 2
+    assert ctl.drops["chunk_in_past"] == 1
+    ctl.apply({"execution.start": "receipt"})
+    assert _observe(ctl, clock, 0).first_future_index == 0
 
 
 def test_chunk_consumed_counts_from_the_observation_stamp(tmp_path):
