@@ -536,6 +536,10 @@ class Controller:
         level, message = self.health
         if level == "ok" and not s["instruction"]:
             level, message = "warn", "no instruction: set the 'instruction' parameter"
+        elif level == "ok" and self.drops.get("chunk_in_past"):
+            level, message = "warn", (
+                f"{self.drops['chunk_in_past']} chunks were entirely due when ready (latency > "
+                "chunk duration): set execution.start=receipt")
         elif level == "ok" and self.drops.get("stale"):
             message = f"{self.drops['stale']} stale observations skipped"
         return {"level": level, "message": message or "running", "values": values}

@@ -102,6 +102,7 @@ def test_first_future_index_follows_the_clock_and_period(tmp_path):
     ctl.apply({"control_period_s": 0.01})
     assert _observe(ctl, clock, 0) is None and len(published) == 2
     assert ctl.drops["chunk_in_past"] == 1
+    assert "execution.start=receipt" in ctl.diagnostics()["message"]
     ctl.apply({"execution.start": "receipt"})
     assert _observe(ctl, clock, 0).first_future_index == 0
 
