@@ -158,6 +158,7 @@ class Controller:
         self._last_tick_ns = 0
         self._executing: Executing | None = None  # the last published chunk (blending)
         self.last_switch: dict[str, Any] = {}
+        self._in_past = False  # the last chunk was entirely due when ready (not published)
         self._last_logged: dict[str, float] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -339,7 +340,8 @@ class Controller:
         period_ns = int(round(settings["control_period_s"] * 1e9))
         timing = chunk_timing(settings["execution.start"], chunk.observation_stamp_ns, ready,
                               period_ns, chunk.actions.shape[0])
-        if timing.first_future_index >= chunk.actions.shape[0]:
+        self._in_past = timing.first_future_index >= chunk.actions.shape[0]
+        if self._in_past:
             self.drops["chunk_in_past"] += 1
             self._log_throttled(logging.WARNING, "chunk_in_past", (
                 f"chunk ready {(ready - timing.start_ns) / 1e9:.3f} s after its observation: "
@@ -536,10 +538,10 @@ class Controller:
         level, message = self.health
         if level == "ok" and not s["instruction"]:
             level, message = "warn", "no instruction: set the 'instruction' parameter"
-        elif level == "ok" and self.drops.get("chunk_in_past"):
+        elif level == "ok" and self._in_past:
             level, message = "warn", (
-                f"{self.drops['chunk_in_past']} chunks were entirely due when ready (latency > "
-                "chunk duration): set execution.start=receipt")
+                f"the last chunk was entirely due when ready (latency > chunk duration; "
+                f"{self.drops['chunk_in_past']} so far): set execution.start=receipt")
         elif level == "ok" and self.drops.get("stale"):
             message = f"{self.drops['stale']} stale observations skipped"
         return {"level": level, "message": message or "running", "values": values}

@@ -105,6 +105,7 @@ def test_first_future_index_follows_the_clock_and_period(tmp_path):
     assert "execution.start=receipt" in ctl.diagnostics()["message"]
     ctl.apply({"execution.start": "receipt"})
     assert _observe(ctl, clock, 0).first_future_index == 0
+    assert ctl.diagnostics()["level"] == "ok"
 
 
 def test_chunk_consumed_counts_from_the_observation_stamp(tmp_path):
