@@ -66,8 +66,8 @@ class TrajectoryFollower:
         self.times_ns: np.ndarray | None = None
         self.start_ns: int | None = None
         self.stamp_ns = 0
-        self.arrived_ns = 0
-        self.before = self.command.copy()
+        self.last_sample_ns = 0
+        self.before = (0, self.command.copy())  # (time, command) the first point is reached from
         self.sequence = 0
 
     def accept(self, out: Published, arrived_ns: int) -> bool:
@@ -78,21 +78,23 @@ class TrajectoryFollower:
             return False
         self.points, self.times_ns = out.actions.astype(np.float64), times
         self.stamp_ns, self.start_ns = out.trajectory_stamp_ns, None
-        self.arrived_ns, self.before = arrived_ns, self.command.copy()
         self.sequence = out.sequence
         return True
 
     def sample(self, now_ns: int) -> tuple[np.ndarray, bool]:
         """The command at ``now_ns`` and whether the trajectory has played out (waiting)."""
         if self.points is None:
+            self.last_sample_ns = now_ns
             return self.command, True
-        if self.start_ns is None:
-            self.start_ns = self.stamp_ns or now_ns  # zero stamp: start at the first sample
+        if self.start_ns is None:  # first sample: as with interpolate_from_desired_state,
+            self.start_ns = self.stamp_ns or now_ns  # from the last command and its time
+            self.before = (self.last_sample_ns, self.command.copy())
+        self.last_sample_ns = now_ns
         due = self.start_ns + self.times_ns
         if now_ns < due[0]:
-            span = max(due[0] - self.arrived_ns, 1)
-            f = min(max((now_ns - self.arrived_ns) / span, 0.0), 1.0)
-            self.command = self.before + f * (self.points[0] - self.before)
+            t0, c0 = self.before
+            f = min(max((now_ns - t0) / max(due[0] - t0, 1), 0.0), 1.0)
+            self.command = c0 + f * (self.points[0] - c0)
             return self.command, False
         if now_ns >= due[-1]:
             self.command = self.points[-1]
@@ -190,7 +192,10 @@ def run_closed_loop(policy, *, blend: str, start: str, latency_ms: float, jitter
     ctl.shutdown()
     cmd = np.asarray(commands)
     steps = np.linalg.norm(np.diff(cmd, axis=0), axis=1) if len(cmd) > 1 else np.zeros(1)
-    jumps = np.array([steps[i - 1] for i in switch_ticks if 0 < i <= len(steps)] or [0.0])
+    # a switch's jump: the larger of the command steps into the switch tick and the next one
+    # (a zero-stamped trajectory reaches its first point over two control cycles)
+    jumps = np.array([steps[i - 1:i + 1].max() for i in switch_ticks if 0 < i <= len(steps)]
+                     or [0.0])
     jerk = np.diff(cmd, n=3, axis=0) / period_s**3 if len(cmd) > 3 else np.zeros((1, 1))
     result = RunResult(
         policy=name, start=start, blend=blend, latency_ms=latency_ms,

@@ -25,10 +25,12 @@ def _published(rows, stamp_ns, sequence=1):
 
 def test_zero_stamp_starts_at_the_first_sample_and_blends_in_from_the_current_command():
     robot = TrajectoryFollower(np.zeros(7))
+    robot.sample(0)
     assert robot.accept(_published([1.0, 2.0, 3.0], 0), arrived_ns=20 * MS)
-    # first sample at 40 ms: start = 40 ms, point 0 due at 90 ms; linear from (20 ms, 0)
+    # first sample at 40 ms: start = 40 ms, point 0 due at 90 ms; linear from the last
+    # command (0 at the previous sample, 0 ms)
     cmd, idle = robot.sample(40 * MS)
-    assert cmd[0] == pytest.approx(20 / 70) and not idle
+    assert cmd[0] == pytest.approx(40 / 90) and not idle
     assert robot.sample(90 * MS)[0][0] == pytest.approx(1.0)
     assert robot.sample(115 * MS)[0][0] == pytest.approx(1.5)
     cmd, idle = robot.sample(190 * MS)  # last point due exactly now: not waiting yet
