@@ -187,14 +187,15 @@ def inpaint_guidance(
     prev: Executing | None, start_ns: int, ready_estimate_ns: int, horizon: int
 ) -> InpaintGuidance | None:
     """Guidance for a chunk that will run from ``start_ns`` and be ready at about
-    ``ready_estimate_ns``: rows due by then (d = ceil((ready − start)/period)) are frozen to
-    the executing chunk's, the rest of its overlap decays; None without an overlap."""
+    ``ready_estimate_ns``: the rows due by then and the first one it will execute
+    (d = floor((ready − start)/period) + 1) are frozen to the executing chunk's, the rest of
+    its overlap decays; None without an overlap."""
     if prev is None:
         return None
     offset, rows = prev.overlap(start_ns, horizon)
     if rows <= 0:
         return None
-    frozen = math.ceil(max(int(ready_estimate_ns) - int(start_ns), 0) / prev.period_ns)
+    frozen = max(int(ready_estimate_ns) - int(start_ns), 0) // prev.period_ns + 1
     prefix = np.zeros((horizon, prev.actions.shape[1]), np.float32)
     prefix[:rows] = prev.actions[offset : offset + rows]
     weights = inpaint_weights(frozen, rows, horizon)

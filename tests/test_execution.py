@@ -122,10 +122,12 @@ def test_inpaint_weights_freeze_then_decay():
 def test_inpaint_guidance_takes_the_overlap_and_the_rows_due_during_inference():
     prev = _prev(horizon=10, start_ns=0, period_ns=50 * MS)
     g = inpaint_guidance(prev, 100 * MS, 230 * MS, 10)
-    # offset 2 rows, 8 overlap rows; ceil((230 - 100) / 50) = 3 rows frozen
+    # offset 2 rows, 8 overlap rows; rows due by 230 ms (2) and the first after: 3 frozen
     assert (g.frozen_rows, g.overlap_rows) == (3, 8)
     np.testing.assert_array_equal(g.prefix[:8, 0], np.arange(2, 10))
     np.testing.assert_array_equal(g.prefix[8:], 0)
     np.testing.assert_allclose(g.weights, inpaint_weights(3, 8, 10))
+    receipt = inpaint_guidance(prev, 100 * MS, 100 * MS, 10)  # runs from when it is ready
+    assert receipt.frozen_rows == 1 and receipt.weights[0] == 1 and receipt.weights[1] < 1
     assert inpaint_guidance(None, 0, 0, 10) is None
     assert inpaint_guidance(prev, 600 * MS, 700 * MS, 10) is None

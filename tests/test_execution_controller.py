@@ -147,9 +147,10 @@ def test_inpaint_hands_the_executing_rows_to_the_policy(tmp_path):
     _observe(ctl, clock, 0)
     guidance = policy.guidance[-1]
     # the new chunk runs from its observation (4 rows after the old start); the latency
-    # estimate (100 ms) makes 2 rows due before it is ready
-    assert (guidance.overlap_rows, guidance.frozen_rows) == (6, 2)
-    np.testing.assert_array_equal(guidance.weights[:2], [1, 1])
+    # estimate (100 ms) makes 2 rows due before it is ready, and the third runs first
+    assert (guidance.overlap_rows, guidance.frozen_rows) == (6, 3)
+    np.testing.assert_array_equal(guidance.weights[:3], [1, 1, 1])
+    assert guidance.weights[3] < 1
     assert np.all(guidance.weights[6:] == 0)
 
 
