@@ -94,3 +94,35 @@ def test_cli_prints_the_table_and_writes_the_plot(tmp_path, capsys):
     assert code == 0 and png.stat().st_size > 10_000
     for blend in ("none", "crossfade", "ensemble", "inpaint"):
         assert f"synthetic  receipt     {blend:<9} {300:6d}" in out
+
+
+def test_the_tiny_bundle_runs_closed_loop_with_inpainting_in_its_flow_loop(tiny_root):
+    pytest.importorskip("onnxruntime")
+    from molmoact2_ros.policy import Policy
+
+    class Recording:
+        """Delegates to the real policy and keeps the guidance it was given."""
+
+        def __init__(self, policy):
+            self.policy, self.guided = policy, []
+            self.flow_steps = policy.flow_steps
+
+        def predict(self, obs, guidance=None):
+            chunk = self.policy.predict(obs, guidance=guidance)
+            if guidance is not None:
+                want = self.policy.norm_stats.action.normalize(guidance.prefix)
+                frozen = guidance.frozen_rows
+                self.guided.append(np.abs(chunk.actions_normalized[:frozen] - want[:frozen]).max())
+            return chunk
+
+        def __getattr__(self, name):
+            return getattr(self.policy, name)
+
+    with Policy.load(tiny_root / "lp_vtp_sd", backend="onnx", instruction="track the target",
+                     seed=0) as policy:
+        recording = Recording(policy)
+        result, trace = run_closed_loop(recording, blend="inpaint", start="receipt",
+                                        latency_ms=300, duration_s=2.0, seed=0, name="tiny")
+    assert result.switches >= 3 and np.isfinite(trace.commands).all()
+    # every chunk after the first was inpainted, its frozen rows exactly on the executing ones
+    assert len(recording.guided) >= 3 and max(recording.guided) == 0.0
