@@ -28,11 +28,13 @@ setup(
         "replay": ["rosbags>=0.10,<0.12"],
         "export": ["safetensors>=0.4"],
         "htp": ["qai-appbuilder==2.51.40; platform_machine=='aarch64'"],
+        "plot": ["matplotlib>=3.5"],
         "test": [
             "onnxruntime>=1.17",
             "onnx>=1.15",
             "rosbags>=0.10,<0.12",
             "safetensors>=0.4",
+            "matplotlib>=3.5",
             "pytest>=7",
             "ruff>=0.4",
         ],

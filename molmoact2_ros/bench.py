@@ -312,6 +312,10 @@ def format_record(r: dict) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if getattr(args, "closed_loop", False):
+        from .closed_loop import cmd_closed_loop
+
+        return cmd_closed_loop(args)
     records = []
     print(f"molmoact2 bench on {platform.machine()} ({os.cpu_count()} CPUs), "
           f"python {platform.python_version()}, numpy {np.__version__}")
@@ -341,4 +345,7 @@ def register(subparsers) -> None:
     p.add_argument("--naive-chunks", type=int, default=3, help="chunks through design (b)")
     p.add_argument("--steps", type=int, help="flow steps (default: the variant's)")
     p.add_argument("--json", help="write the results to this JSON file")
+    from .closed_loop import add_arguments
+
+    add_arguments(p)
     p.set_defaults(func=cmd_bench)

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .errors import MolmoActError
+from .execution import Executing, blend, chunk_timing, inpaint_guidance
 from .params import CONFIGURE, RELOAD, Settings, apply_kind, validate_changes
 from .policy import ActionChunk, Observation
 from .safety import SafetyReport, UnsafeChunk, apply_safety
@@ -32,7 +33,8 @@ class PolicyLike(Protocol):
 
     flow_steps: int
 
-    def predict(self, obs: Observation) -> ActionChunk: ...
+    def predict(self, obs: Observation) -> ActionChunk:
+        """Also called as ``predict(obs, guidance=InpaintGuidance)`` with blend=inpaint."""
     def plan(self, instruction: str) -> Any: ...
     def set_instruction(self, instruction: str) -> None: ...
     def set_flow_steps(self, steps: int) -> None: ...
@@ -72,6 +74,10 @@ class Published:
     settings: Settings
     received_ns: int
     ready_ns: int
+    #: row i is due at start_ns + (i+1)·period; rows before first_future_index were due already
+    start_ns: int = 0
+    trajectory_stamp_ns: int = 0
+    first_future_index: int = 0
 
 
 def chunk_message_fields(out: Published) -> dict[str, Any]:
@@ -95,6 +101,21 @@ def chunk_message_fields(out: Published) -> dict[str, Any]:
         "actions": out.actions.reshape(-1).astype(np.float32),
         "period_ns": int(round(s["control_period_s"] * 1e9)),
         "inference_latency_ns": int(out.ready_ns - out.received_ns),
+        "start_stamp_ns": int(out.start_ns),
+        "first_future_index": int(out.first_future_index),
+    }
+
+
+def trajectory_message_fields(out: Published) -> dict[str, Any]:
+    """JointTrajectory of a published chunk as plain values: header stamp (0 = start on
+    receipt), joint names, and per point its positions and ``time_from_start`` (ns)."""
+    period_ns = int(round(out.settings["control_period_s"] * 1e9))
+    return {
+        "stamp_ns": int(out.trajectory_stamp_ns),
+        "joint_names": list(out.settings["action_names"]),
+        "points": [
+            (row.astype(float).tolist(), (i + 1) * period_ns) for i, row in enumerate(out.actions)
+        ],
     }
 
 
@@ -136,6 +157,9 @@ class Controller:
         self._chunk_started_ns: int | None = None
         self._chunk_rows = 0
         self._last_tick_ns = 0
+        self._executing: Executing | None = None  # the last published chunk (blending)
+        self.last_switch: dict[str, Any] = {}
+        self._in_past = False  # the last chunk was entirely due when ready (not published)
         self._last_logged: dict[str, float] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -178,6 +202,7 @@ class Controller:
         self.policy.reseed(None if seed < 0 else seed)
         self._last_action = None
         self._chunk_started_ns = None
+        self._executing = None
         if worker:
             self._running = True
             self._thread = threading.Thread(target=self._loop, name="molmoact2-inference",
@@ -262,7 +287,7 @@ class Controller:
                 return
             horizon_s = self._chunk_rows * self.settings["control_period_s"]
             remaining = horizon_s - (now - self._chunk_started_ns) / 1e9
-            if remaining <= self.latency_estimate_s:
+            if remaining <= self.latency_estimate_s + self.settings["execution.overlap_s"]:
                 self._wake.set()
 
     # -- inference -------------------------------------------------------------------------------
@@ -297,7 +322,11 @@ class Controller:
                 self._apply_pending_live()
             settings = self.settings
             try:
-                chunk = self.policy.predict(obs)
+                guidance = self._guidance(settings, stamp_ns, received)
+                if guidance is None:
+                    chunk = self.policy.predict(obs)
+                else:
+                    chunk = self.policy.predict(obs, guidance=guidance)
             except MolmoActError as exc:
                 self.drops[type(exc).__name__] += 1
                 self._report_error(exc)
@@ -305,10 +334,29 @@ class Controller:
             finally:
                 if self.health[0] == "error" and self.health[1].startswith("runtime failed"):
                     self._recover()
+        ready = self._clock()
+        total_s = (ready - received) / 1e9
+        previous_s = self.latency_estimate_s
+        self.latency_estimate_s = total_s if previous_s == 0 else 0.8 * previous_s + 0.2 * total_s
+        period_ns = int(round(settings["control_period_s"] * 1e9))
+        timing = chunk_timing(settings["execution.start"], chunk.observation_stamp_ns, ready,
+                              period_ns, chunk.actions.shape[0])
+        self._in_past = timing.first_future_index >= chunk.actions.shape[0]
+        if self._in_past:
+            self.drops["chunk_in_past"] += 1
+            self._log_throttled(logging.WARNING, "chunk_in_past", (
+                f"chunk ready {(ready - timing.start_ns) / 1e9:.3f} s after its observation: "
+                "every action is already due, not published; lower the latency or set "
+                "execution.start=receipt"))
+            return None
+        blended = blend(settings["execution.blend"], chunk.actions, self._executing,
+                        timing.start_ns, timing.first_future_index,
+                        ramp=settings["execution.crossfade_ramp"],
+                        decay=settings["execution.ensemble_decay"])
         lower, upper, delta = settings.limits()
         try:
             actions, report = apply_safety(
-                chunk.actions, lower=lower, upper=upper, max_step_delta=delta,
+                blended.actions, lower=lower, upper=upper, max_step_delta=delta,
                 previous=self._last_action,
             )
         except UnsafeChunk as exc:
@@ -318,20 +366,33 @@ class Controller:
         if report.clamped:
             self.counts["clamped_chunks"] += 1
         self._sequence += 1
-        ready = self._clock()
-        published = Published(chunk, actions, self._sequence, report, settings, received, ready)
+        published = Published(chunk, actions, self._sequence, report, settings, received, ready,
+                              timing.start_ns, timing.trajectory_stamp_ns,
+                              timing.first_future_index)
         self.last_latency_ms = dict(chunk.latency_ms)
-        total_s = (ready - received) / 1e9
-        previous_s = self.latency_estimate_s
-        self.latency_estimate_s = total_s if previous_s == 0 else 0.8 * previous_s + 0.2 * total_s
         self._last_action = actions[-1].copy()
-        self._chunk_started_ns = ready
+        self._chunk_started_ns = timing.start_ns
         self._chunk_rows = actions.shape[0]
+        self._executing = Executing(actions.copy(), timing.start_ns, period_ns, blended.counts)
+        self.last_switch = {
+            "first_future_index": timing.first_future_index,
+            "overlap_rows": blended.overlap_rows,
+            "boundary_jump": blended.boundary_jump,
+        }
         self.counts["published"] += 1
         if self.health[0] != "ok" and "swap" not in self.health[1]:
             self.health = ("ok", "")
         self._publish(published)
         return published
+
+    def _guidance(self, settings: Settings, stamp_ns: int, received_ns: int):
+        """Inpaint guidance for the next chunk from the executing one (blend=inpaint)."""
+        if settings["execution.blend"] != "inpaint" or self._executing is None:
+            return None
+        ready_estimate = received_ns + int(self.latency_estimate_s * 1e9)
+        start = stamp_ns if settings["execution.start"] == "observation" else ready_estimate
+        horizon = self._executing.actions.shape[0]  # the same variant: swaps reset _executing
+        return inpaint_guidance(self._executing, start, ready_estimate, horizon)
 
     def _recover(self) -> None:
         """Restart the runtime after a worker failure; the next observation runs on it."""
@@ -446,6 +507,7 @@ class Controller:
                     self.settings = old
             self._slot.clear()
             self._last_action = None
+            self._executing = None
             self.counts["swaps" if ok else "swap_failures"] += 1
         self.health = ("ok", "") if ok else (
             ("error", reason) if self.policy is None else ("warn", reason)
@@ -466,6 +528,10 @@ class Controller:
             "trigger": s["trigger"],
             "observation_age_s": round(self.last_observation_age_s, 4),
             "latency_estimate_s": round(self.latency_estimate_s, 4),
+            "execution.start": s["execution.start"],
+            "execution.blend": s["execution.blend"],
+            **{f"last_switch.{k}": round(v, 6) if isinstance(v, float) else v
+               for k, v in self.last_switch.items()},
         }
         values.update({f"count.{k}": v for k, v in sorted(self.counts.items())})
         values.update({f"drop.{k}": v for k, v in sorted(self.drops.items())})
@@ -473,6 +539,10 @@ class Controller:
         level, message = self.health
         if level == "ok" and not s["instruction"]:
             level, message = "warn", "no instruction: set the 'instruction' parameter"
+        elif level == "ok" and self._in_past:
+            level, message = "warn", (
+                f"the last chunk was entirely due when ready (latency > chunk duration; "
+                f"{self.drops['chunk_in_past']} so far): set execution.start=receipt")
         elif level == "ok" and self.drops.get("stale"):
             message = f"{self.drops['stale']} stale observations skipped"
         return {"level": level, "message": message or "running", "values": values}

@@ -29,7 +29,7 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
-from .controller import Controller, Published, chunk_message_fields
+from .controller import Controller, Published, chunk_message_fields, trajectory_message_fields
 from .errors import MolmoActError
 from .host.images import decode_compressed, decode_image
 from .host.state import state_from_joint_state, state_from_pose
@@ -288,12 +288,17 @@ class PolicyNode(Node):
         msg.actions = f["actions"].tolist()
         msg.period = _duration(f["period_ns"])
         msg.inference_latency = _duration(f["inference_latency_ns"])
+        msg.start_stamp.sec, msg.start_stamp.nanosec = divmod(f["start_stamp_ns"], 1_000_000_000)
+        msg.first_future_index = f["first_future_index"]
+        t = trajectory_message_fields(out)
         traj = JointTrajectory()
-        traj.joint_names = f["action_names"]  # zero header stamp: the controller starts it now
+        # header stamp: the observation stamp (execution.start=observation) or zero, which
+        # joint_trajectory_controller reads as "start when first sampled" (receipt)
+        traj.header.stamp.sec, traj.header.stamp.nanosec = divmod(t["stamp_ns"], 1_000_000_000)
+        traj.joint_names = t["joint_names"]
         traj.points = [
-            JointTrajectoryPoint(positions=row.astype(float).tolist(),
-                                 time_from_start=_duration((i + 1) * f["period_ns"]))
-            for i, row in enumerate(out.actions)
+            JointTrajectoryPoint(positions=positions, time_from_start=_duration(tfs_ns))
+            for positions, tfs_ns in t["points"]
         ]
         if self._chunk_pub is not None:
             self._chunk_pub.publish(msg)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .execution import BLENDS, RAMPS, START_MODES
 from .variants import VARIANTS
 
 #: How a change applies: ``live`` on the next chunk, ``reload`` by a background session swap,
@@ -61,6 +62,18 @@ PARAMS: tuple[ParamSpec, ...] = (
        float_range=(0.001, 10.0)),
     _p("max_observation_age_s", 0.5, "observations older than this are skipped",
        float_range=(0.0, 3600.0)),
+    _p("execution.start", "observation",
+       "chunk timing: observation (row i due at observation stamp + (i+1) period) | receipt"),
+    _p("execution.blend", "none",
+       "continuity across replans: none | crossfade | ensemble | inpaint (in the flow loop)"),
+    _p("execution.overlap_s", 0.0,
+       "trigger=chunk_consumed: infer early enough that this much of the current chunk is "
+       "still ahead when the next arrives (the window blending works in)",
+       float_range=(0.0, 10.0)),
+    _p("execution.crossfade_ramp", "linear", "crossfade ramp over the overlap: linear | cosine"),
+    _p("execution.ensemble_decay", 0.01,
+       "ensemble weights exp(-decay k), k = 0 for the oldest prediction (ACT)",
+       float_range=(0.0, 10.0)),
     _p("sync.slop_s", 0.05, "max stamp spread of a synchronised observation",
        CONFIGURE, float_range=(0.0, 10.0)),
     _p("sync.queue_size", 10, "messages kept per input for synchronisation", CONFIGURE,
@@ -200,6 +213,9 @@ _CHECKS = {
     "variant": _check_variant,
     "backend": _check_backend,
     "trigger": _check_choice(TRIGGERS),
+    "execution.start": _check_choice(START_MODES),
+    "execution.blend": _check_choice(BLENDS),
+    "execution.crossfade_ramp": _check_choice(RAMPS),
     "state.source": _check_choice(STATE_SOURCES),
     "action_names": _check_action_names,
     "action_min": _check_limit_list,

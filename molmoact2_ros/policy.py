@@ -11,6 +11,7 @@ import numpy as np
 
 from .bundle import Bundle, Suffixes
 from .errors import ObservationError, PromptError
+from .execution import InpaintGuidance
 from .host import images as image_ops
 from .host.flow import initial_noise
 from .host.normstats import NormStats
@@ -151,8 +152,17 @@ class Policy:
         self._rng = np.random.default_rng(seed)
 
     # -- inference -------------------------------------------------------------------------------
-    def predict(self, obs: Observation, *, noise: np.ndarray | None = None) -> ActionChunk:
-        """Run one chunk. Raises ObservationError/PromptError before any session runs."""
+    def predict(
+        self,
+        obs: Observation,
+        *,
+        noise: np.ndarray | None = None,
+        guidance: InpaintGuidance | None = None,
+    ) -> ActionChunk:
+        """Run one chunk. Raises ObservationError/PromptError before any session runs.
+
+        ``guidance`` (previous de-normalised actions + per-row weights) inpaints the chunk's
+        first rows inside the flow loop (``execution.blend: inpaint``)."""
         t0 = time.perf_counter()
         instruction = obs.instruction if obs.instruction is not None else self.instruction
         if instruction is None:
@@ -182,7 +192,11 @@ class Policy:
         t2 = time.perf_counter()
         plan.embed(bins, image_embeds, out=self.pipeline.input_buffer("hidden_states"))
         t3 = time.perf_counter()
-        x_n = self.pipeline.run_action(x0, self.flow_steps)
+        if guidance is None:
+            x_n = self.pipeline.run_action(x0, self.flow_steps)
+        else:
+            prefix, weights = self.guidance_arrays(guidance)
+            x_n = self.pipeline.run_action(x0, self.flow_steps, prefix, weights)
         t4 = time.perf_counter()
         v = self.variant
         normalized = np.array(x_n[0, : v.horizon, : v.action_dim], dtype=np.float32)
@@ -204,6 +218,20 @@ class Policy:
             instruction=plan.instruction,
             latency_ms=timings,
         )
+
+    def guidance_arrays(self, guidance: InpaintGuidance) -> tuple[np.ndarray, np.ndarray]:
+        """Guidance in the flow loop's space: normalised prefix [1, T, A_max], weights [T]."""
+        v = self.variant
+        prefix = np.asarray(guidance.prefix, dtype=np.float32)
+        weights = np.asarray(guidance.weights, dtype=np.float32).reshape(-1)
+        if prefix.shape != (v.horizon, v.action_dim) or weights.shape != (v.horizon,):
+            raise ObservationError(
+                f"inpaint guidance has prefix {prefix.shape} and weights {weights.shape}; "
+                f"{v.name} needs ({v.horizon}, {v.action_dim}) and ({v.horizon},)"
+            )
+        out = np.zeros((1, v.horizon, v.max_action_dim), np.float32)
+        out[0, :, : v.action_dim] = self.norm_stats.action.normalize(prefix)
+        return out, weights
 
     def _write_plan(self, plan: PromptPlan) -> None:
         if self._written_plan is plan:

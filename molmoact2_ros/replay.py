@@ -170,7 +170,9 @@ def to_message(store, out: Published) -> Any:
     header = types["std_msgs/msg/Header"](stamp=time_t(sec=sec, nanosec=nanosec), frame_id="")
     period = dur_t(*divmod(f.pop("period_ns"), 10**9))
     latency = dur_t(*divmod(f.pop("inference_latency_ns"), 10**9))
-    return types[ACTION_CHUNK_TYPE](header=header, period=period, inference_latency=latency, **f)
+    start = time_t(*divmod(f.pop("start_stamp_ns"), 10**9))
+    return types[ACTION_CHUNK_TYPE](header=header, period=period, inference_latency=latency,
+                                    start_stamp=start, **f)
 
 
 def write_observation_bag(

@@ -127,6 +127,11 @@ def test_configure_activate_and_publish_both_outputs(rig):
     times = [p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in traj.points]
     assert np.allclose(np.diff(times), 0.05) and times[0] == pytest.approx(0.05)
     np.testing.assert_allclose(np.array([p.positions for p in traj.points]), actions, atol=1e-6)
+    # execution.start=observation (default): the trajectory runs from the observation stamp
+    start = (chunk.start_stamp.sec, chunk.start_stamp.nanosec)
+    assert (traj.header.stamp.sec, traj.header.stamp.nanosec) == start
+    assert start == (chunk.header.stamp.sec, chunk.header.stamp.nanosec)
+    assert 0 <= chunk.first_future_index < 10
 
 
 def test_parameters_good_and_bad(rig):

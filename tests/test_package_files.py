@@ -49,8 +49,9 @@ def test_action_chunk_message_fields_match_the_published_mapping():
     chunk = ActionChunk(actions, actions, "lp_vtp_sd", 2, 5 * 10**9 + 7, "task", {})
     out = Published(chunk, actions, 3, SafetyReport(), Settings(), 100, 100 + 2 * 10**6)
     mapped = chunk_message_fields(out)
-    assert set(fields) == (set(mapped) - {"stamp_ns", "period_ns", "inference_latency_ns"}
-                           | {"header", "period", "inference_latency"})
+    assert set(fields) == (set(mapped) - {"stamp_ns", "period_ns", "inference_latency_ns",
+                                          "start_stamp_ns"}
+                           | {"header", "period", "inference_latency", "start_stamp"})
     assert mapped["stamp_ns"] == 5 * 10**9 + 7 and mapped["period_ns"] == 50_000_000
     assert mapped["inference_latency_ns"] == 2 * 10**6 and mapped["horizon"] == 10
     np.testing.assert_array_equal(mapped["actions"], np.arange(70))

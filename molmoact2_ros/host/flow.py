@@ -51,16 +51,49 @@ def euler_update(
     return (nxt * keep).astype(np.float32)
 
 
+def guidance_pull(
+    x: np.ndarray, x0: np.ndarray, prefix: np.ndarray, weights: np.ndarray, t: float
+) -> np.ndarray:
+    """Pull the rows with weight w > 0 towards the flow interpolation of ``prefix`` at time t:
+    ``x ← (1 − w)·x + w·((1 − t)·x0 + t·prefix)`` (rows with w = 0 are left untouched)."""
+    rows = np.flatnonzero(weights > 0)
+    out = np.array(x, dtype=np.float32)
+    if rows.size == 0:
+        return out
+    tt = np.float32(t)
+    w = weights[rows].astype(np.float32).reshape(1, -1, 1)
+    target = (np.float32(1.0) - tt) * x0[:, rows] + tt * prefix[:, rows]
+    out[:, rows] = (np.float32(1.0) - w) * out[:, rows] + w * target
+    return out
+
+
 def run_flow(
     step: Callable[[np.ndarray, np.ndarray], np.ndarray],
     x0: np.ndarray,
     pad: np.ndarray,
     num_steps: int,
     conv: Conventions,
+    prefix: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Integrate from noise to data; ``step(x, t)`` runs action_step and returns its output."""
+    """Integrate from noise to data; ``step(x, t)`` runs action_step and returns its output.
+
+    With ``prefix`` [1, T, A] (normalised, padded) and per-row ``weights`` [T], every step
+    starts from ``guidance_pull`` at its time and the result gets the pull at t = 1
+    (training-free inpainting): weight 1 rows end exactly on the prefix; all-zero weights
+    (or none) leave the loop untouched.
+    """
     keep = (np.float32(1.0) - pad.reshape(1, 1, -1)).astype(np.float32)
     x = np.asarray(x0, dtype=np.float32)
+    guided = weights is not None and prefix is not None and bool(np.any(weights > 0))
+    if guided:
+        x0 = x
+        prefix = np.asarray(prefix, dtype=np.float32).reshape(x.shape) * keep
+        weights = np.clip(np.asarray(weights, dtype=np.float32).reshape(-1), 0.0, 1.0)
     for t in timesteps(num_steps):
+        if guided:
+            x = guidance_pull(x, x0, prefix, weights, t)
         x = euler_update(x, step(x, np.full((1,), t, dtype=np.float32)), keep, num_steps, conv)
+    if guided:
+        x = guidance_pull(x, x0, prefix, weights, 1.0)
     return x

@@ -240,7 +240,13 @@ class ResidentPipeline:
             self._timings["ipc"] = (time.perf_counter() - start) * 1e3 - self._timings[VISION]
             return self._views["image_embeds"]
 
-    def run_action(self, x0: np.ndarray, num_steps: int) -> np.ndarray:
+    def run_action(
+        self,
+        x0: np.ndarray,
+        num_steps: int,
+        prefix: np.ndarray | None = None,
+        weights: np.ndarray | None = None,
+    ) -> np.ndarray:
         steps = int(num_steps)
         if steps < 1:
             raise RuntimeBackendError(f"flow steps must be >= 1, got {num_steps}")
@@ -248,6 +254,12 @@ class ResidentPipeline:
             self._check_open()
             start = time.perf_counter()
             np.copyto(self._views["x0"], np.asarray(x0, np.float32).reshape(self._x_shape))
+            if weights is None or prefix is None:
+                self._views["inpaint_weights"][...] = 0.0  # inpainting off
+            else:
+                np.copyto(self._views["inpaint_prefix"],
+                          np.asarray(prefix, np.float32).reshape(self._x_shape))
+                np.copyto(self._views["inpaint_weights"], np.asarray(weights, np.float32))
             worker_ms = 0.0
             for split in self.variant.llm_splits:
                 (self._timings[split],) = self._run(self._owner[split], OP_RUN)

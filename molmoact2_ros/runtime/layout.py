@@ -4,7 +4,8 @@ Inputs the host writes take the dtype of the session that reads them; a split's
 ``hidden_out`` takes the dtype of the next split's ``hidden_states`` (fp16 stays fp16); split
 *i* writes its keys/values into layers ``[L0+..+L(i-1), +Li)`` of the ``[L,1,S,KV]`` buffers
 that action_context reads. ``x0``/``x_out`` are float32 (the host's flow state), ``status``
-holds the session each worker is running (failure reports).
+holds the session each worker is running (failure reports); ``inpaint_prefix``/``inpaint_weights``
+carry the previous actions and per-row weights for inpainting (weights all 0 = off).
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ def plan_arena(
     tensors += [
         ("x0", trajectory.shape, "float32"),
         ("x_out", trajectory.shape, "float32"),
+        ("inpaint_prefix", trajectory.shape, "float32"),
+        ("inpaint_weights", (trajectory.shape[1],), "float32"),
         ("status", (num_workers,), "int32"),
     ]
     return ArenaLayout.plan(tensors), bindings

@@ -40,8 +40,16 @@ class Pipeline(Protocol):
     def run_vision(self) -> np.ndarray:
         """Run vision on ``pixel_values``; returns image_embeds [IMG, H]."""
 
-    def run_action(self, x0: np.ndarray, num_steps: int) -> np.ndarray:
-        """LLM splits, action_context once, then the flow loop; returns x_N [1, T, A]."""
+    def run_action(
+        self,
+        x0: np.ndarray,
+        num_steps: int,
+        prefix: np.ndarray | None = None,
+        weights: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """LLM splits, action_context once, then the flow loop; returns x_N [1, T, A].
+
+        ``prefix`` [1, T, A] (normalised) and per-row ``weights`` [T] inpaint (``run_flow``)."""
 
     @property
     def last_timings_ms(self) -> dict[str, float]:
@@ -103,7 +111,13 @@ class LocalPipeline:
         out = self._run(VISION, {"pixel_values": self._buffers["pixel_values"]})
         return out["image_embeds"]
 
-    def run_action(self, x0: np.ndarray, num_steps: int) -> np.ndarray:
+    def run_action(
+        self,
+        x0: np.ndarray,
+        num_steps: int,
+        prefix: np.ndarray | None = None,
+        weights: np.ndarray | None = None,
+    ) -> np.ndarray:
         b = self._buffers
         hidden = b["hidden_states"]
         keys, values = [], []
@@ -128,7 +142,8 @@ class LocalPipeline:
             feeds["trajectory"], feeds["timestep"] = x, t
             return self._run(ACTION_STEP, feeds)[out_name]
 
-        return run_flow(step, x0, b["action_dim_is_pad"], num_steps, self.conventions)
+        return run_flow(step, x0, b["action_dim_is_pad"], num_steps, self.conventions,
+                        prefix, weights)
 
     @property
     def failed(self) -> Exception | None:

@@ -287,5 +287,8 @@ class _Server:
 
         pad = np.asarray(self.arena.view("action_dim_is_pad"), dtype=np.float32)
         x0 = np.array(self.arena.view("x0"), dtype=np.float32)
-        self.arena.view("x_out")[...] = run_flow(run_step, x0, pad, num_steps, conv)
+        weights = np.array(self.arena.view("inpaint_weights"), dtype=np.float32)
+        prefix = np.array(self.arena.view("inpaint_prefix"), dtype=np.float32)
+        self.arena.view("x_out")[...] = run_flow(run_step, x0, pad, num_steps, conv,
+                                                 prefix, weights)
         return (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3
