@@ -1,4 +1,4 @@
-"""``molmoact2`` command line: tiny-bundle, parity, demo, bench, doctor."""
+"""``molmoact2`` command line: tiny-bundle, parity, demo, bench, doctor, replay."""
 
 from __future__ import annotations
 
@@ -109,66 +109,6 @@ def cmd_export_host(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_value(default, text: str):
-    """Parse ``--set NAME=VALUE`` by the parameter's default type (lists comma-separated)."""
-    if isinstance(default, bool):
-        return text.lower() in ("1", "true", "yes", "on")
-    if isinstance(default, list):
-        kind = type(default[0]) if default else str
-        return [kind(x) for x in text.split(",") if x]
-    return type(default)(text)
-
-
-def cmd_replay(args: argparse.Namespace) -> int:
-    from .golden import compare, format_table, load_npz
-    from .params import Settings, validate_changes
-    from .replay import ChunkBagWriter, replay
-
-    changes = {"variant": args.variant, "backend": args.backend, "seed": args.seed,
-               "flow_steps": args.flow_steps, "instruction": args.instruction,
-               "max_observation_age_s": args.max_age}
-    for name in VARIANTS:
-        if (Path(args.bundle_root) / name).is_dir():
-            changes[f"bundle.{name}"] = str(Path(args.bundle_root) / name)
-    for item in args.set or []:
-        key, _, value = item.partition("=")
-        changes[key] = _parse_value(Settings().values.get(key, ""), value)
-    ok, reason = validate_changes(changes, Settings())
-    if not ok:
-        raise MolmoActError(reason)
-    settings = Settings().with_changes(changes)
-    writer = ChunkBagWriter(Path(args.out)) if args.out else None
-    try:
-        result = replay(Path(args.bag), settings, on_published=writer.write if writer else None)
-    finally:
-        if writer:
-            writer.close()
-    print(f"{result.synced} synchronised observations, {len(result.published)} chunks, "
-          f"drops {result.drops or 'none'}")
-    if args.golden:
-        trace = load_npz(Path(args.golden), ["chunk"])
-        if not result.published:
-            print("no chunk to compare")
-            return 1
-        row = compare("replay", "first chunk", result.published[0].actions, trace["chunk"])
-        print(format_table([row]))
-        return 0 if row.passed else 1
-    return 0
-
-
-def cmd_trace_to_bag(args: argparse.Namespace) -> int:
-    from .golden import load_npz
-    from .params import Settings
-    from .replay import write_observation_bag
-
-    trace = load_npz(Path(args.trace), ["image_primary", "image_wrist", "state"])
-    frames = [(10**9 + i * int(args.period_s * 1e9), trace["image_primary"],
-               trace["image_wrist"], trace["state"]) for i in range(args.frames)]
-    write_observation_bag(Path(args.out), frames, Settings(), mcap=args.mcap)
-    print(f"wrote {args.frames} observations to {args.out}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="molmoact2", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -206,29 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunks", type=int, default=5)
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("replay", help="replay a rosbag2 through the node logic (no ROS)")
-    p.add_argument("bag")
-    p.add_argument("--bundle-root", required=True, help="folder with one folder per variant")
-    p.add_argument("--variant", default="grid_sampler", choices=list(VARIANTS))
-    p.add_argument("--backend", default="onnx", choices=["onnx", "htp"])
-    p.add_argument("--instruction", required=True)
-    p.add_argument("--seed", type=int, default=-1)
-    p.add_argument("--flow-steps", type=int, default=0)
-    p.add_argument("--max-age", type=float, default=0.5, help="max_observation_age_s")
-    p.add_argument("--set", action="append", metavar="NAME=VALUE", help="any other parameter")
-    p.add_argument("--out", help="write the chunks to this new bag (mcap)")
-    p.add_argument("--golden", help="trace npz whose chunk the first chunk must match")
-    p.set_defaults(func=cmd_replay)
-
-    p = sub.add_parser("trace-to-bag", help="turn a golden trace into a replayable bag")
-    p.add_argument("trace")
-    p.add_argument("out")
-    p.add_argument("--frames", type=int, default=3)
-    p.add_argument("--period-s", type=float, default=0.5)
-    p.add_argument("--mcap", action="store_true")
-    p.set_defaults(func=cmd_trace_to_bag)
-
-    for extra in ("bench", "doctor"):
+    for extra in ("bench", "doctor", "replay_cli"):
         try:
             module = __import__(f"molmoact2_ros.{extra}", fromlist=["register"])
         except ImportError:
