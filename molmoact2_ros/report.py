@@ -88,12 +88,19 @@ def _plot_errors(plt, folder: Path, summary, names) -> Path:
     t = [(c.stamp_ns - t0) / 1e9 for c in chunks]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 5), sharex=True)
     colors = ["C2" if c.passed else "C3" for c in chunks]
-    ax1.scatter(t, [c.max_abs for c in chunks], c=colors, s=18)
-    ax1.plot(t, [c.max_abs for c in chunks], color="0.6", lw=0.8)
+    floor = 1e-9  # exact matches are drawn on the floor of the log axis
+    errors = [min(max(c.max_abs, floor), 1e6) for c in chunks]
+    ax1.scatter(t, errors, c=colors, s=18)
+    ax1.plot(t, errors, color="0.6", lw=0.8)
+    ax1.axhline(summary.tolerance.atol, color="0.4", ls=":", lw=1,
+                label=f"atol {summary.tolerance.atol}")
     ax1.set_ylabel("max-abs error")
-    ax1.set_yscale("symlog", linthresh=1e-6)
-    ax1.set_title("error per chunk (green pass, red fail)")
-    ax2.scatter(t, [max(1.0 - c.cosine, 1e-12) for c in chunks], c=colors, s=18)
+    ax1.set_yscale("log")
+    ax1.set_ylim(floor / 2, max(max(errors), 1.0) * 2)
+    ax1.legend(fontsize=8)
+    ax1.set_title("error per chunk (green pass, red fail; exact matches at 1e-9)")
+    ax2.scatter(t, [max(1.0 - c.cosine, 1e-12) if np.isfinite(c.cosine) else 2.0
+                    for c in chunks], c=colors, s=18)
     ax2.axhline(1.0 - summary.tolerance.min_cosine, color="C3", ls="--", lw=1,
                 label=f"limit (cosine {summary.tolerance.min_cosine})")
     ax2.set_yscale("log")
