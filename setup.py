@@ -19,17 +19,22 @@ setup(
         # qai_appbuilder 2.51.40 requires numpy<=2.4.4; Humble ships numpy 1.x.
         "numpy>=1.22,<=2.4.4",
         "tokenizers>=0.15,<1",
+        # CompressedImage decoding (jpeg via libjpeg-turbo, png) in the aarch64 wheels
+        "pillow>=9.1",
     ],
     extras_require={
         "onnx": ["onnxruntime>=1.17"],
         "synth": ["onnx>=1.15"],
-        "replay": ["rosbags>=0.10,<0.12"],
+        "replay": ["rosbags>=0.10,<0.12", "tqdm>=4.60"],
+        "report": ["matplotlib>=3.5"],
         "export": ["safetensors>=0.4"],
         "htp": ["qai-appbuilder==2.51.40; platform_machine=='aarch64'"],
         "test": [
             "onnxruntime>=1.17",
             "onnx>=1.15",
             "rosbags>=0.10,<0.12",
+            "tqdm>=4.60",
+            "matplotlib>=3.5",
             "safetensors>=0.4",
             "pytest>=7",
             "ruff>=0.4",
