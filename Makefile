@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BUNDLE ?= .cache/tiny-bundle
+DEMO ?= .cache/demo
+TASK ?= put both the alphabet soup and the tomato sauce in the basket
 BIN := $(VENV)/bin
 
 .PHONY: install bundle demo test lint clean
@@ -24,6 +26,14 @@ bundle: $(BUNDLE)/.stamp
 demo: bundle
 	$(BIN)/molmoact2 demo $(BUNDLE)
 	$(BIN)/molmoact2 parity $(BUNDLE)
+	mkdir -p $(DEMO)
+	$(BIN)/molmoact2 trace-to-bag $(BUNDLE)/grid_sampler/golden/e2e_trace.npz $(DEMO)/obs_bag \
+		--frames 6 --compressed jpeg --force
+	$(BIN)/molmoact2 replay $(DEMO)/obs_bag --bundle-root $(BUNDLE) --variant grid_sampler \
+		--set compressed_images=true --instruction "$(TASK)" --seed 7 \
+		--record $(DEMO)/golden_bag --force
+	$(BIN)/molmoact2 replay $(DEMO)/obs_bag --bundle-root $(BUNDLE) --set compressed_images=true \
+		--golden $(DEMO)/golden_bag --report $(DEMO)/report --force
 
 lint: install
 	$(BIN)/ruff check .
