@@ -144,3 +144,46 @@ def format_summary(summary: MatchSummary, action_names: Sequence[str] = ()) -> s
     lines.append(f"{'PASS' if s.ok else 'FAIL'} (cosine >= {t.min_cosine}, >= {t.min_within:.0%} "
                  f"within {t.atol} + {t.rtol}*|golden|)")
     return "\n".join(lines)
+
+
+class LiveCheck:
+    """Chunks arriving from a live ``ros2 bag play`` run, checked against a golden: collects
+    them by stamp and decides when the run is over (every golden stamp seen, no chunk for
+    ``idle_timeout_s`` after the last one, or none at all within ``timeout_s``).
+
+    The checker node is a thin rclpy adapter over this class; times are plain seconds.
+    """
+
+    def __init__(self, golden: Mapping[int, np.ndarray], tol: Tolerance, *,
+                 min_produced: float, idle_timeout_s: float, timeout_s: float,
+                 start_s: float) -> None:
+        self.golden = dict(golden)
+        self.tol = tol
+        self.min_produced = min_produced
+        self.idle_timeout_s = idle_timeout_s
+        self.timeout_s = timeout_s
+        self.start_s = start_s
+        self.last_s: float | None = None
+        self.produced: dict[int, np.ndarray] = {}
+        self.fields: dict = {}
+
+    def add(self, stamp_ns: int, actions: np.ndarray, now_s: float, **fields) -> None:
+        """One received chunk; ``fields`` (variant, instruction, flow_steps) of the first one
+        are kept to name settings that differ from the golden's."""
+        self.produced[int(stamp_ns)] = np.asarray(actions, np.float32)
+        self.last_s = now_s
+        if not self.fields:
+            self.fields = dict(fields)
+
+    def finished(self, now_s: float) -> str:
+        """Why the run is over, or '' while it is not."""
+        if self.golden and set(self.golden) <= set(self.produced):
+            return "every golden chunk was produced"
+        if self.last_s is not None and now_s - self.last_s >= self.idle_timeout_s:
+            return f"no chunk for {self.idle_timeout_s:g} s"
+        if self.last_s is None and now_s - self.start_s >= self.timeout_s:
+            return f"no chunk within {self.timeout_s:g} s"
+        return ""
+
+    def summary(self) -> MatchSummary:
+        return match_chunks(self.produced, self.golden, self.tol, min_produced=self.min_produced)
