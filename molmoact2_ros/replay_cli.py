@@ -146,8 +146,9 @@ def _progress(total: int, enabled: bool):
         from tqdm import tqdm
     except ImportError:
         return None
-    return tqdm(total=total, unit="msg", desc="replay", file=sys.stderr,
-                disable=None if enabled else True, leave=False)
+    show = enabled and sys.stderr.isatty()  # no bar in logs and pipes
+    return tqdm(total=total, unit="msg", desc="replay", file=sys.stderr, disable=not show,
+                leave=False)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

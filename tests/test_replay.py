@@ -86,6 +86,16 @@ def test_round_trip_transports_storages_and_versions(tiny_root, tmp_path, capsys
     assert rc == 0 and "3 passed, 0 failed" in out, out + err
 
 
+@pytest.mark.parametrize("variant", ["grid_sampler", "fused"])  # lp_vtp_sd: the test above
+def test_round_trip_compressed_on_the_other_variants(tiny_root, tmp_path, capsys, variant):
+    tr = trace(tiny_root, variant)
+    bag = obs_bag(tmp_path / "obs", tr, 2, compressed="jpeg", mcap=True, version=9)
+    golden, _ = _record(tmp_path, tiny_root, bag, tr, capsys, "--variant", variant,
+                        "--set", "compressed_images=true", "--storage", "sqlite3")
+    rc, out, err = _check(tiny_root, bag, golden, capsys, "--set", "compressed_images=true")
+    assert rc == 0 and "compared 2 of 2 golden chunks: 2 passed" in out, out + err
+
+
 def test_compressed_frames_decode_to_the_raw_pixels(tiny_root, tmp_path, capsys):
     """PNG is lossless: a png bag gives the same chunks as the raw bag."""
     tr = trace(tiny_root, "lp_vtp_sd")
