@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BUNDLE ?= .cache/tiny-bundle
+DEMO ?= .cache/demo
+TASK ?= put both the alphabet soup and the tomato sauce in the basket
 BIN := $(VENV)/bin
 
 .PHONY: install bundle demo test lint clean
@@ -31,7 +33,16 @@ demo: bundle
 	$(BIN)/molmoact2 demo $(BUNDLE)
 	@echo "== make: parity: every session and trace against the goldens"
 	$(BIN)/molmoact2 parity $(BUNDLE)
-	@echo "== make: demo done: every variant ran on its sample observation and passed parity"
+	@echo "== make: replay: record a golden chunk bag from a JPEG bag, then check a replay against it"
+	mkdir -p $(DEMO)
+	$(BIN)/molmoact2 trace-to-bag $(BUNDLE)/grid_sampler/golden/e2e_trace.npz $(DEMO)/obs_bag \
+		--frames 6 --compressed jpeg --force
+	$(BIN)/molmoact2 replay $(DEMO)/obs_bag --bundle-root $(BUNDLE) --variant grid_sampler \
+		--set compressed_images=true --instruction "$(TASK)" --seed 7 \
+		--record $(DEMO)/golden_bag --force
+	$(BIN)/molmoact2 replay $(DEMO)/obs_bag --bundle-root $(BUNDLE) --set compressed_images=true \
+		--golden $(DEMO)/golden_bag --report $(DEMO)/report --force
+	@echo "== make: demo done: every variant ran on its sample observation, passed parity and replayed against a golden bag"
 
 lint: install
 	$(BIN)/ruff check .

@@ -21,6 +21,8 @@ setup(
         "tokenizers>=0.15,<1",
         # progress bars of the CLI (pure Python, no dependencies); without it, status lines
         "tqdm>=4.60,<5",
+        # CompressedImage decoding (jpeg via libjpeg-turbo, png) in the aarch64 wheels
+        "pillow>=9.1",
     ],
     extras_require={
         "onnx": ["onnxruntime>=1.17"],
@@ -28,6 +30,7 @@ setup(
         "replay": ["rosbags>=0.10,<0.12"],
         "export": ["safetensors>=0.4"],
         "htp": ["qai-appbuilder==2.51.40; platform_machine=='aarch64'"],
+        # replay reports and the closed-loop plot
         "plot": ["matplotlib>=3.5"],
         "test": [
             "onnxruntime>=1.17",

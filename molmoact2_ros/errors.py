@@ -27,6 +27,10 @@ class GoldenError(MolmoActError):
     """A golden file does not hold what parity needs."""
 
 
+class BagError(MolmoActError):
+    """A rosbag2 input or output cannot be used (missing, not a bag, truncated, wrong topics)."""
+
+
 class RuntimeBackendError(MolmoActError):
     """A runtime backend failed to load or run a session."""
 

@@ -35,6 +35,7 @@ from .host.images import decode_compressed, decode_image
 from .host.state import state_from_joint_state, state_from_pose
 from .params import PARAMS, PARAMS_BY_NAME, Settings
 from .sync import ApproxTimeSync
+from .topics import subscription_topics
 
 NODE_NAME = "molmoact2_policy"
 TICK_PERIOD_S = 0.01
@@ -201,16 +202,13 @@ class PolicyNode(Node):
         self._sync = ApproxTimeSync(3, int(s["sync.slop_s"] * 1e9), s["sync.queue_size"],
                                     self._on_synced)
         image_type = CompressedImage if s["compressed_images"] else Image
-        topics = [s["topics.image_primary"], s["topics.image_wrist"]]
-        if s["compressed_images"]:
-            topics = [t.rstrip("/") + "/compressed" if not t.endswith("compressed") else t
-                      for t in topics]
-        for stream, topic in enumerate(topics):
+        topics = subscription_topics(s)  # the same names replay resolves
+        for stream, topic in enumerate(topics[:2]):
             self._subs.append(self.create_subscription(
                 image_type, topic, lambda m, i=stream: self._on_message(i, m),
                 qos_profile_sensor_data, callback_group=self._sensor_group))
         self._subs.append(self.create_subscription(
-            JointState, s["topics.joint_states"], lambda m: self._on_message(2, m),
+            JointState, topics[2], lambda m: self._on_message(2, m),
             qos_profile_sensor_data, callback_group=self._sensor_group))
         if s["state.source"] == "tf":
             from tf2_ros import Buffer, TransformListener

@@ -13,7 +13,7 @@ from .bundle import Bundle, Suffixes
 from .errors import ObservationError, PromptError
 from .execution import InpaintGuidance
 from .host import images as image_ops
-from .host.flow import initial_noise
+from .host.flow import initial_noise, observation_rng
 from .host.normstats import NormStats
 from .host.prompt import (
     EmbeddingTable,
@@ -104,7 +104,10 @@ class Policy:
             )
         self.flow_steps = check_flow_steps(flow_steps or self.variant.default_flow_steps)
         self._pad = action_dim_is_pad(self.variant.action_dim, self.variant.max_action_dim)
+        self._seed = seed
         self._rng = np.random.default_rng(seed)
+        #: noise for every chunk instead of a drawn one (replay against a trace's noise)
+        self.fixed_noise: np.ndarray | None = None
         self._plans: dict[str, PromptPlan] = {}
         self._written_plan: PromptPlan | None = None
         self.instruction: str | None = None
@@ -149,6 +152,8 @@ class Policy:
         self.flow_steps = check_flow_steps(steps)
 
     def reseed(self, seed: int | None) -> None:
+        """With a seed, each observation's noise comes from (seed, its stamp); None = random."""
+        self._seed = seed
         self._rng = np.random.default_rng(seed)
 
     # -- inference -------------------------------------------------------------------------------
@@ -175,8 +180,10 @@ class Policy:
                 "(primary, wrist)"
             )
         shape = (1, self.variant.horizon, self.variant.max_action_dim)
+        noise = self.fixed_noise if noise is None else noise
         if noise is None:
-            x0 = initial_noise(self._rng, shape, self._pad)
+            rng = self._rng if self._seed is None else observation_rng(self._seed, obs.stamp_ns)
+            x0 = initial_noise(rng, shape, self._pad)
         else:
             x0 = np.asarray(noise, dtype=np.float32).reshape(shape) * (1.0 - self._pad)
         image_ops.preprocess(

@@ -5,13 +5,26 @@ written to a bag. Reads and writes real rosbag2 files (sqlite3 or mcap) through 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from .bagio import (
+    ACTION_CHUNK_TYPE,
+    BAG_VERSIONS,
+    COMPRESSED_TYPE,
+    IMAGE_TYPE,
+    JOINT_STATE_TYPE,
+    BagTopics,
+    check_bag,
+    open_bag,
+    rosbags_modules,
+    typestore,
+)
+from .chunkbag import ChunkBagWriter, to_message
 from .controller import (
     Controller,
     PolicyFactory,
@@ -19,48 +32,12 @@ from .controller import (
     chunk_message_fields,
     load_policy,
 )
-from .errors import MolmoActError
+from .errors import BagError, MolmoActError
 from .host.images import decode_compressed, decode_image
 from .host.state import state_from_joint_state
 from .params import Settings
 from .sync import ApproxTimeSync
-
-ACTION_CHUNK_TYPE = "molmoact2_ros/msg/ActionChunk"
-
-
-def _rosbags():
-    try:
-        from rosbags import highlevel, rosbag2, typesys
-    except ImportError:
-        raise MolmoActError("replay needs rosbags: pip install 'molmoact2_ros[replay]'") from None
-    return highlevel, rosbag2, typesys
-
-
-def action_chunk_definition() -> str:
-    """The text of msg/ActionChunk.msg (installed share folder, or the source tree)."""
-    candidates = [Path(__file__).resolve().parents[1] / "msg" / "ActionChunk.msg"]
-    try:
-        from ament_index_python.packages import get_package_share_directory
-
-        candidates.insert(0, Path(get_package_share_directory("molmoact2_ros")) / "msg"
-                          / "ActionChunk.msg")
-    except Exception:  # noqa: S110 - no ROS here: the source tree copy is the one to use
-        pass
-    for path in candidates:
-        if path.is_file():
-            return path.read_text()
-    raise MolmoActError("msg/ActionChunk.msg not found; run from a source checkout or a ROS "
-                        "install of molmoact2_ros")
-
-
-def typestore(distro: str = "humble"):
-    """A rosbags typestore for Humble or Jazzy with ActionChunk registered."""
-    _, _, typesys = _rosbags()
-    store = typesys.get_typestore(
-        typesys.Stores.ROS2_JAZZY if distro == "jazzy" else typesys.Stores.ROS2_HUMBLE
-    )
-    store.register(typesys.get_types_from_msg(action_chunk_definition(), ACTION_CHUNK_TYPE))
-    return store
+from .topics import input_topics, input_types
 
 
 def _stamp_ns(msg) -> int:
@@ -73,13 +50,27 @@ def _image(msg) -> np.ndarray:
     return decode_image(msg.encoding, msg.height, msg.width, msg.step, msg.data)
 
 
+class _FirstMessages(logging.Handler):
+    """Keeps the controller's last warning so a drop reason can be shown with its message."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.last = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.last = record.getMessage()
+
+
 @dataclass
 class ReplayResult:
-    """What a replay produced and dropped."""
+    """What a replay produced and dropped (with the first message of each drop reason)."""
 
     published: list[Published] = field(default_factory=list)
     drops: dict[str, int] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
     synced: int = 0
+    messages: int = 0
+    interrupted: bool = False
 
 
 def replay(
@@ -88,11 +79,19 @@ def replay(
     *,
     policy_factory: PolicyFactory = load_policy,
     on_published: Callable[[Published, int], None] | None = None,
+    on_active: Callable[[Controller, BagTopics], None] | None = None,
+    on_message: Callable[[], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    namespace: str = "",
 ) -> ReplayResult:
-    """Replay a bag through the node logic with the bag's clock (like ``use_sim_time``)."""
-    highlevel, _, _ = _rosbags()
-    topics = [settings["topics.image_primary"], settings["topics.image_wrist"],
-              settings["topics.joint_states"]]
+    """Replay a bag through the node logic with the bag's clock (like ``use_sim_time``).
+
+    The bag is checked (topics, types, readable to the end) before the policy loads;
+    ``on_active`` runs once the policy is ready (create outputs there), ``should_stop`` is
+    polled after every message (SIGINT/SIGTERM end the run cleanly).
+    """
+    topics = input_topics(settings, namespace)
+    bag_topics = check_bag(bag, topics, input_types(settings))
     result = ReplayResult()
     now = {"ns": 0}
     controller = Controller(settings, publish=result.published.append,
@@ -100,79 +99,71 @@ def replay(
     pending: list = []
     sync = ApproxTimeSync(3, int(settings["sync.slop_s"] * 1e9), settings["sync.queue_size"],
                           pending.append)
-    controller.configure()
-    controller.activate(worker=False)
+    wanted = {t: i for i, t in enumerate(topics)}
+    handler = _FirstMessages()
+    logger = logging.getLogger("molmoact2_ros.controller")
+    logger.addHandler(handler)
     try:
-        with highlevel.AnyReader([Path(bag)], default_typestore=typestore()) as reader:
-            wanted = {"/" + t.lstrip("/"): i for i, t in enumerate(topics)}
+        controller.configure()
+        controller.activate(worker=False)
+        if on_active is not None:
+            on_active(controller, bag_topics)
+        with open_bag(bag) as reader:
             conns = [c for c in reader.connections if c.topic in wanted]
-            found = {c.topic for c in conns}
-            missing = [t for t in wanted if t not in found]
-            if missing:
-                raise MolmoActError(f"{bag} has no topic {missing}; it has "
-                                    f"{sorted(c.topic for c in reader.connections)}")
             for conn, log_ns, raw in reader.messages(connections=conns):
                 now["ns"] = log_ns
                 msg = reader.deserialize(raw, conn.msgtype)
+                result.messages += 1
                 sync.add(wanted[conn.topic], _stamp_ns(msg), msg)
                 while pending:
-                    _feed(controller, settings, pending.pop(0))
+                    _feed(controller, settings, pending.pop(0), result)
                     result.synced += 1
-                    before = len(result.published)
+                    before, drops = len(result.published), dict(controller.drops)
+                    handler.last = ""
                     controller.process_pending()
+                    for key in controller.drops:
+                        if key not in drops and key not in result.reasons:
+                            result.reasons[key] = handler.last or key
                     if on_published and len(result.published) > before:
                         on_published(result.published[-1], log_ns)
+                if on_message is not None:
+                    on_message()
+                if should_stop is not None and should_stop():
+                    result.interrupted = True
+                    break
     finally:
+        logger.removeHandler(handler)
         result.drops = dict(controller.drops)
         controller.shutdown()
     return result
 
 
-def _feed(controller: Controller, settings: Settings, items) -> None:
+def _feed(controller: Controller, settings: Settings, items, result: ReplayResult) -> None:
     try:
         images = [_image(items[0].msg), _image(items[1].msg)]
         joint = items[2].msg
         state = state_from_joint_state(list(joint.name), joint.position,
                                        list(settings["state.joint_names"]))
     except MolmoActError as exc:
+        result.reasons.setdefault(type(exc).__name__, str(exc))
         controller.on_invalid(type(exc).__name__)
         return
     controller.on_observation(images, state, min(i.stamp_ns for i in items))
 
 
-class ChunkBagWriter:
-    """Writes published chunks as ActionChunk messages into a new rosbag2 (mcap or sqlite3)."""
+def encode_image(img: np.ndarray, fmt: str) -> bytes:
+    """JPEG (quality 95) or PNG bytes of an RGB uint8 image, for compressed test bags."""
+    import io
 
-    def __init__(self, path: Path, topic: str = "/molmoact2_policy/action_chunk",
-                 *, mcap: bool = True) -> None:
-        _, rosbag2, _ = _rosbags()
-        self.store = typestore()
-        plugin = rosbag2.StoragePlugin.MCAP if mcap else rosbag2.StoragePlugin.SQLITE3
-        # version 8: Humble's rosbag2 reads it (version 9 writes QoS as a list it rejects)
-        self._writer = rosbag2.Writer(Path(path), version=8, storage_plugin=plugin)
-        self._writer.open()
-        self._conn = self._writer.add_connection(topic, ACTION_CHUNK_TYPE, typestore=self.store)
-
-    def write(self, out: Published, log_ns: int) -> None:
-        self._writer.write(self._conn, log_ns,
-                           self.store.serialize_cdr(to_message(self.store, out), ACTION_CHUNK_TYPE))
-
-    def close(self) -> None:
-        self._writer.close()
-
-
-def to_message(store, out: Published) -> Any:
-    """A rosbags ActionChunk from a published chunk (the fields the node publishes)."""
-    types = store.types
-    f = chunk_message_fields(out)
-    time_t, dur_t = types["builtin_interfaces/msg/Time"], types["builtin_interfaces/msg/Duration"]
-    sec, nanosec = divmod(f.pop("stamp_ns"), 10**9)
-    header = types["std_msgs/msg/Header"](stamp=time_t(sec=sec, nanosec=nanosec), frame_id="")
-    period = dur_t(*divmod(f.pop("period_ns"), 10**9))
-    latency = dur_t(*divmod(f.pop("inference_latency_ns"), 10**9))
-    start = time_t(*divmod(f.pop("start_stamp_ns"), 10**9))
-    return types[ACTION_CHUNK_TYPE](header=header, period=period, inference_latency=latency,
-                                    start_stamp=start, **f)
+    try:
+        from PIL import Image
+    except ImportError:
+        raise MolmoActError("writing compressed images needs Pillow: pip install pillow") from None
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(img)).save(
+        buf, format="JPEG" if fmt == "jpeg" else "PNG", **({"quality": 95} if fmt == "jpeg"
+                                                            else {}))
+    return buf.getvalue()
 
 
 def write_observation_bag(
@@ -182,35 +173,52 @@ def write_observation_bag(
     *,
     mcap: bool = False,
     wrist_offset_ns: int = 3_000_000,
+    compressed: str = "",
+    version: int = 8,
+    namespace: str = "",
 ) -> None:
-    """A bag of rgb8 images + JointState from ``(stamp_ns, primary, wrist, state)`` frames
-    (used to turn golden traces into replayable bags)."""
-    _, rosbag2, _ = _rosbags()
+    """A bag of rgb8 (or jpeg/png CompressedImage) images + JointState from
+    ``(stamp_ns, primary, wrist, state)`` frames (turns golden traces into replayable bags)."""
+    _, rosbag2, _ = rosbags_modules()
+    if compressed not in ("", "jpeg", "png"):
+        raise BagError(f"compressed format {compressed!r}: choose jpeg or png")
+    if version not in BAG_VERSIONS:
+        raise BagError(f"bag version {version} cannot be written; choose one of "
+                       f"{', '.join(map(str, BAG_VERSIONS))}")
     store = typestore()
     t = store.types
     plugin = rosbag2.StoragePlugin.MCAP if mcap else rosbag2.StoragePlugin.SQLITE3
     names = list(settings["state.joint_names"])
-    with rosbag2.Writer(Path(path), version=8, storage_plugin=plugin) as writer:
-        topics = [settings["topics.image_primary"], settings["topics.image_wrist"],
-                  settings["topics.joint_states"]]
-        kinds = ["sensor_msgs/msg/Image", "sensor_msgs/msg/Image", "sensor_msgs/msg/JointState"]
-        conns = [writer.add_connection("/" + tp.lstrip("/"), k, typestore=store)
-                 for tp, k in zip(topics, kinds)]
+    image_type = COMPRESSED_TYPE if compressed else IMAGE_TYPE
+    topics = input_topics(settings.with_changes({"compressed_images": bool(compressed)}),
+                          namespace)
+    with rosbag2.Writer(Path(path), version=version, storage_plugin=plugin) as writer:
+        kinds = [image_type, image_type, JOINT_STATE_TYPE]
+        conns = [writer.add_connection(tp, k, typestore=store) for tp, k in zip(topics, kinds)]
 
         def header(ns):
             return t["std_msgs/msg/Header"](
                 stamp=t["builtin_interfaces/msg/Time"](sec=ns // 10**9, nanosec=ns % 10**9),
                 frame_id="camera")
 
+        def image(img, ns):
+            if compressed:
+                data = np.frombuffer(encode_image(img, compressed), np.uint8)
+                return t[COMPRESSED_TYPE](header=header(ns), format=compressed, data=data)
+            h, w = img.shape[:2]
+            return t[IMAGE_TYPE](header=header(ns), height=h, width=w, encoding="rgb8",
+                                 is_bigendian=0, step=w * 3,
+                                 data=np.ascontiguousarray(img).reshape(-1))
+
         for stamp, primary, wrist, state in frames:
             for conn, img, ns in ((conns[0], primary, stamp), (conns[1], wrist,
                                                                 stamp + wrist_offset_ns)):
-                h, w = img.shape[:2]
-                msg = t["sensor_msgs/msg/Image"](header=header(ns), height=h, width=w,
-                                                 encoding="rgb8", is_bigendian=0, step=w * 3,
-                                                 data=np.ascontiguousarray(img).reshape(-1))
-                writer.write(conn, ns, store.serialize_cdr(msg, conn.msgtype))
-            js = t["sensor_msgs/msg/JointState"](
+                writer.write(conn, ns, store.serialize_cdr(image(img, ns), conn.msgtype))
+            js = t[JOINT_STATE_TYPE](
                 header=header(stamp + 1_000_000), name=names,
                 position=np.asarray(state, np.float64), velocity=np.zeros(0), effort=np.zeros(0))
             writer.write(conns[2], stamp + 1_000_000, store.serialize_cdr(js, conns[2].msgtype))
+
+
+__all__ = ["ACTION_CHUNK_TYPE", "ChunkBagWriter", "ReplayResult", "chunk_message_fields",
+           "replay", "to_message", "typestore", "write_observation_bag"]

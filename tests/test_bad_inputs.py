@@ -123,10 +123,18 @@ def test_observation_errors_leave_the_policy_usable(grid, obs):
     assert {"vision", "llm_split0", "action_step", "preprocess", "total"} <= set(chunk.latency_ms)
 
 
-def test_seeded_noise_is_reproducible(tiny_root, obs):
+def test_seeded_noise_is_reproducible_per_observation_stamp(tiny_root, obs):
+    """With a seed the noise depends on (seed, stamp) only, not on the chunks before."""
+    from dataclasses import replace
+
+    later = replace(obs, stamp_ns=obs.stamp_ns + 1)
     with Policy.load(tiny_root / "lp_vtp_sd", seed=5) as p:
         a = p.predict(obs).actions
-        b = p.predict(obs).actions
-        p.reseed(5)
+        b = p.predict(later).actions
         c = p.predict(obs).actions
-    assert not np.allclose(a, b) and np.array_equal(a, c)
+        p.reseed(6)
+        d = p.predict(obs).actions
+        p.reseed(None)
+        e, f = p.predict(obs).actions, p.predict(obs).actions
+    assert np.array_equal(a, c) and not np.allclose(a, b) and not np.allclose(a, d)
+    assert not np.allclose(e, f)  # no seed: fresh noise every chunk

@@ -14,6 +14,17 @@ from molmoact2_ros.golden import load_npz
 from molmoact2_ros.params import Settings
 
 
+def _reference_chunk(trace, seed) -> np.ndarray:
+    from molmoact2_ros.synth.reference import run_trace
+    from molmoact2_ros.synth.writer import reference_for
+    from molmoact2_ros.variants import VARIANTS
+
+    model, host = reference_for(VARIANTS["lp_vtp_sd"], 0)
+    return run_trace(model, host, primary=trace["image_primary"], wrist=trace["image_wrist"],
+                     state=trace["state"], instruction=str(trace["instruction"]), seed=seed,
+                     flow_steps=int(trace["flow_steps"]))[0]["chunk"]
+
+
 def test_killed_worker_is_restarted_by_the_controller(tiny_root, monkeypatch):
     ensure_contexts(tiny_root)
     fake_env(monkeypatch)
@@ -33,7 +44,8 @@ def test_killed_worker_is_restarted_by_the_controller(tiny_root, monkeypatch):
         ctl.on_observation(images, trace["state"], now["ns"])
         first = ctl.process_pending()
         assert first is not None
-        np.testing.assert_allclose(first.actions, trace["chunk"], atol=2e-2)  # fp16 I/O
+        want = _reference_chunk(trace, seed=[7, now["ns"]])  # noise of (seed, stamp)
+        np.testing.assert_allclose(first.actions, want, atol=2e-2)  # fp16 I/O
         pid = ctl.policy.pipeline.worker_pids()["llm_split1"]
         os.kill(pid, signal.SIGKILL)
         ctl.on_observation(images, trace["state"], now["ns"])

@@ -23,6 +23,12 @@ def initial_noise(
     return x0 * (np.float32(1.0) - pad.reshape(1, 1, -1).astype(np.float32))
 
 
+def observation_rng(seed: int, stamp_ns: int) -> np.random.Generator:
+    """The noise generator of one observation: seeded by (seed, stamp in ns), so two runs of a
+    bag draw the same noise per observation whatever they skipped or ran before."""
+    return np.random.default_rng([int(seed), int(stamp_ns)])
+
+
 def timesteps(num_steps: int) -> np.ndarray:
     """``t_i = i / N`` for i = 0..N−1 (t = 0 is noise, t = 1 is data)."""
     if num_steps < 1:

@@ -124,6 +124,7 @@ def decode_compressed(fmt: str, data: Any) -> np.ndarray:
     buf = _as_byte_array(data, "CompressedImage.data")
     if buf.size == 0:
         raise ObservationError("CompressedImage.data is empty; the camera sent no frame")
+    _reject_deep(fmt, buf)
     try:
         import cv2
     except ImportError:
@@ -157,6 +158,22 @@ def decode_compressed(fmt: str, data: Any) -> np.ndarray:
             f"({exc}); the frame is corrupt or not jpeg/png"
         ) from None
     return np.ascontiguousarray(rgb)
+
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _reject_deep(fmt: str, buf: np.ndarray) -> None:
+    """16-bit frames (mono16/rgb16 formats, 16-bit PNG) would be cut to 8 bits silently by the
+    decoders; the policy needs 8-bit colour, so they are refused with the reason."""
+    encoding = fmt.split(";")[0].strip().lower()
+    if "16" in encoding:
+        raise ObservationError(f"CompressedImage.format {fmt!r} is a 16-bit image; the policy "
+                               "needs 8-bit colour (publish rgb8/bgr8 through jpeg or png)")
+    head = buf[:26].tobytes()
+    if head.startswith(_PNG_SIGNATURE) and len(head) == 26 and head[24] == 16:
+        raise ObservationError("CompressedImage holds a 16-bit PNG; the policy needs 8-bit "
+                               "colour (publish rgb8/bgr8 through jpeg or png)")
 
 
 def flip_180(img: np.ndarray) -> np.ndarray:

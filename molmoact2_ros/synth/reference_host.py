@@ -206,8 +206,9 @@ def action_dim_is_pad(action_dim: int, max_action_dim: int) -> np.ndarray:
 
 
 # -- flow and de-normalisation (§8.1, §9) --------------------------------------------------------
-def initial_noise(seed: int, horizon: int, pad: np.ndarray) -> np.ndarray:
-    """``default_rng(seed).standard_normal((1, T, A))`` in float32, padded dims zeroed."""
+def initial_noise(seed: int | Sequence[int], horizon: int, pad: np.ndarray) -> np.ndarray:
+    """``default_rng(seed).standard_normal((1, T, A))`` in float32, padded dims zeroed; an
+    observation's noise uses ``seed = [seed, stamp_ns]``."""
     x0 = np.random.default_rng(seed).standard_normal((1, horizon, pad.shape[-1])).astype(np.float32)
     return (x0 * (np.float32(1.0) - pad[:, None, :])).astype(np.float32)
 
