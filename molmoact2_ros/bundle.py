@@ -36,9 +36,12 @@ class Suffixes:
     action: str = ""
 
     def for_component(self, component: str) -> str:
+        """The suffix ``component`` loads with; "" for action_context (in no group)."""
         for group, members in SUFFIX_GROUPS.items():
             if component in members:
                 return getattr(self, group)
+        if component in COMPONENTS:
+            return ""
         raise BundleError(f"unknown component {component!r}")
 
     @classmethod

@@ -24,6 +24,18 @@ def _variant_dirs(root: Path, variant: str | None) -> list[tuple[str, Path]]:
     return [(name, root / name) for name in names]
 
 
+def parse_suffix(text: str) -> tuple[str, str]:
+    """``GROUP=SUFFIX`` of ``--suffix`` (groups as in ``context_suffix.*``)."""
+    from .variants import SUFFIX_GROUPS
+
+    group, sep, suffix = text.partition("=")
+    if not sep or group not in SUFFIX_GROUPS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: use GROUP=SUFFIX with GROUP one of {', '.join(SUFFIX_GROUPS)}"
+        )
+    return group, suffix
+
+
 def cmd_tiny_bundle(args: argparse.Namespace) -> int:
     from .synth import write_tiny_bundles
 
@@ -35,12 +47,14 @@ def cmd_tiny_bundle(args: argparse.Namespace) -> int:
 
 
 def cmd_parity(args: argparse.Namespace) -> int:
+    from .bundle import Suffixes
     from .golden import TRACE_FILES, component_parity, e2e_parity, format_table
     from .policy import Policy
 
     ok = True
+    suffixes = Suffixes.from_mapping(dict(args.suffix or []))
     for name, path in _variant_dirs(Path(args.bundle), args.variant):
-        policy = Policy.load(path, name, backend=args.backend)
+        policy = Policy.load(path, name, backend=args.backend, suffixes=suffixes)
         with policy:
             contracts = policy.bundle.variant.contracts(
                 euler_in_graph=policy.conventions.euler_in_graph
@@ -184,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", choices=list(VARIANTS))
     p.add_argument("--backend", default="onnx", choices=["onnx", "htp"])
     p.add_argument("--min-cosine", type=float, default=0.9999)
+    p.add_argument("--suffix", type=parse_suffix, action="append", metavar="GROUP=SUFFIX",
+                   help="context suffix per group (vision, llm, action=action_step only)")
     p.set_defaults(func=cmd_parity)
 
     p = sub.add_parser("conventions",
