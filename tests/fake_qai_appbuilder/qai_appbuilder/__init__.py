@@ -29,7 +29,7 @@ g_base_path = os.path.dirname(os.path.abspath(__file__))
 _ld = os.environ.get("LD_LIBRARY_PATH", "")
 os.environ["LD_LIBRARY_PATH"] = g_base_path + (os.pathsep + _ld if _ld else "")
 
-from .qnncontext import *  # noqa: E402,F403
 from . import onnxwrapper  # noqa: E402
+from .qnncontext import *  # noqa: E402,F403
 
 sys.modules["onnxruntime"] = onnxwrapper
