@@ -43,7 +43,8 @@ def baseline(control) -> Snapshot:
 @pytest.fixture(scope="module")
 def pipeline(control, baseline, tiny_root):
     """One started grid_sampler pipeline shared by the failure tests."""
-    pipe = ResidentPipeline.open(Bundle.open(tiny_root / "grid_sampler"), call_timeout_s=TIMEOUT_S)
+    pipe = ResidentPipeline.open(Bundle.open(tiny_root / "grid_sampler"), call_timeout_s=TIMEOUT_S,
+                                 max_restarts=100)  # the tests below restart it many times
     yield pipe
     pipe.close()
 

@@ -39,7 +39,14 @@ from .protocol import (
     loads,
 )
 from .session import TensorInfo, bind_contracts
-from .supervisor import LIVE, Resources, WorkerHandle, install_signal_handlers, start_workers
+from .supervisor import (
+    LIVE,
+    LOAD_ORDERS,
+    Resources,
+    WorkerHandle,
+    install_signal_handlers,
+    start_workers,
+)
 
 if TYPE_CHECKING:
     from ..bundle import Bundle, Suffixes
@@ -60,6 +67,13 @@ class ResidentOptions:
     log_level: str = "ERROR"
     perf_profile: str = "BURST"
     install_signal_handlers: bool = False
+    #: on stop, release every context too (off: perf vote, then os._exit; see worker.py)
+    release_on_exit: bool = False
+    #: "parallel" or "sequential" (largest context first, the next when it is ready)
+    load_order: str = "parallel"
+    #: at most this many restarts within restart_window_s (crashed cycles leak DSP sessions)
+    max_restarts: int = 3
+    restart_window_s: float = 600.0
 
     @classmethod
     def from_kwargs(cls, options: Mapping[str, object]) -> ResidentOptions:
@@ -70,9 +84,15 @@ class ResidentOptions:
                 f"unknown htp pipeline options {unknown}; known: {sorted(known)}"
             )
         opts = cls(**options)  # type: ignore[arg-type]
-        for name in ("call_timeout_s", "start_timeout_s", "stop_timeout_s"):
+        for name in ("call_timeout_s", "start_timeout_s", "stop_timeout_s", "restart_window_s"):
             if not float(getattr(opts, name)) > 0:
                 raise RuntimeBackendError(f"{name} must be > 0, got {getattr(opts, name)}")
+        if opts.load_order not in LOAD_ORDERS:
+            raise RuntimeBackendError(
+                f"load_order must be one of {', '.join(LOAD_ORDERS)}, got {opts.load_order!r}"
+            )
+        if int(opts.max_restarts) < 0:
+            raise RuntimeBackendError(f"max_restarts must be >= 0, got {opts.max_restarts}")
         return opts
 
 
@@ -123,8 +143,11 @@ class ResidentPipeline:
         # a SIGTERM handler closing the pipeline mid-call does not deadlock
         self._lock = threading.RLock()
         self._timings: dict[str, float] = {}
+        self._restarts: list[float] = []  # monotonic times of respawns that ran
+        self._crashed = False  # a worker died or was killed since the last clean load
         try:
-            start_workers(self._workers, self._mp, self.options.start_timeout_s)
+            start_workers(self._workers, self._mp, self.options.start_timeout_s,
+                          self.options.load_order)
             declared = self.declared
             self.geometry = bind_contracts(
                 {c: _Declared(c, *declared[c]) for c in COMPONENTS}, self.contracts, variant
@@ -175,6 +198,7 @@ class ResidentPipeline:
                 device_id=int(opts.device_ids.get(name, 0)),
                 log_level=opts.log_level,
                 perf_profile=opts.perf_profile,
+                release_on_exit=bool(opts.release_on_exit),
             )
             for name, members in worker_groups(bundle.variant)
         ]
@@ -278,6 +302,12 @@ class ResidentPipeline:
     def worker_pids(self) -> dict[str, int]:
         return {w.name: w.pid for w in self._workers if w.pid is not None}
 
+    def load_stats(self) -> dict[str, dict]:
+        """Per worker: sessions, load time (s), peak RSS (MiB), fixed-point tensors."""
+        return {
+            w.name: {"sessions": w.sessions_label(), **w.stats} for w in self._workers
+        }
+
     def ping(self) -> None:
         """Round trip to every worker (raises WorkerFailed for the first one that fails)."""
         with self._lock:
@@ -292,6 +322,16 @@ class ResidentPipeline:
     def _restart(self) -> None:
         if not self._finalizer.alive:
             raise RuntimeBackendError("the pipeline is closed; open a new one")
+        now = time.monotonic()
+        window = float(self.options.restart_window_s)
+        self._restarts = [t for t in self._restarts if now - t < window]
+        if len(self._restarts) >= int(self.options.max_restarts):
+            raise RuntimeBackendError(
+                f"restart refused: {len(self._restarts)} restarts in the last {window:g} s "
+                f"(max_restarts {self.options.max_restarts}); each crashed cycle may leave DSP "
+                "sessions behind (the device holds about seven): close the pipeline, check the "
+                "worker log, and reboot the board if loads start failing"
+            )
         for worker in self._workers:
             if worker.healthy:
                 try:
@@ -299,12 +339,26 @@ class ResidentPipeline:
                                during_recovery=True)
                 except WorkerFailed:
                     pass
+        stale = [w for w in self._workers if not w.healthy]
+        if stale:
+            self._restarts.append(now)
+        crashed = self._crashed or any(
+            w.process is not None and w.process.exitcode not in (None, 0) for w in stale
+        )
         try:
-            self._respawn([w for w in self._workers if not w.healthy])
+            self._respawn(stale)
         except WorkerFailed as exc:
+            if crashed:
+                exc = WorkerFailed(
+                    f"{exc}; this load follows a crashed worker: the DSP may still hold its "
+                    "leaked sessions (the device holds about seven), and a reboot may be needed",
+                    worker=exc.worker, session=exc.session,
+                )
             self._failed = exc
-            raise
+            self._crashed = True
+            raise exc from None
         self._failed = None
+        self._crashed = False
 
     def _respawn(self, stale: list[WorkerHandle]) -> None:
         if stale:
@@ -315,7 +369,7 @@ class ResidentPipeline:
                 self._resources.workers[self._resources.workers.index(old)] = new
                 for component in new.spec.components:
                     self._owner[component] = new
-            start_workers(fresh, self._mp, self.options.start_timeout_s)
+            start_workers(fresh, self._mp, self.options.start_timeout_s, self.options.load_order)
             for old, new in zip(stale, fresh):
                 if new.declared != old.declared and old.declared:
                     raise ContractError(

@@ -1,9 +1,17 @@
-"""Worker process supervision: spawn, stop, kill and reap the resident workers; signal hooks."""
+"""Worker process supervision: spawn, stop, kill and reap the resident workers; signal hooks.
+
+Every worker is spawned from one long-lived daemon thread (``SPAWNER``): a worker's
+``PR_SET_PDEATHSIG`` fires when the thread that forked it exits, so a short-lived reload thread
+must not be that thread. Every exit status and signal of a worker is logged
+(logger ``molmoact2_ros.runtime``).
+"""
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
+import queue
 import signal
 import sys
 import threading
@@ -32,8 +40,52 @@ from .protocol import (
 from .worker import worker_main
 
 
+LOG = logging.getLogger("molmoact2_ros.runtime")
+LOAD_ORDERS = ("parallel", "sequential")
+
+
 class Closable(Protocol):
     def close(self) -> None: ...
+
+
+class _Spawner:
+    """Runs callables on one daemon thread that lives as long as the process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def run(self, fn: Callable[[], object]) -> object:
+        if threading.current_thread() is self._thread:
+            return fn()
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():  # first use, or after fork
+                self._jobs = queue.SimpleQueue()
+                self._thread = threading.Thread(
+                    target=self._loop, args=(self._jobs,), name="molmoact2-spawner", daemon=True
+                )
+                self._thread.start()
+        done, box = threading.Event(), {}
+        self._jobs.put((fn, done, box))
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    @staticmethod
+    def _loop(jobs: queue.SimpleQueue) -> None:
+        while True:
+            fn, done, box = jobs.get()
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # handed to the caller
+                box["error"] = exc
+            finally:
+                done.set()
+
+
+SPAWNER = _Spawner()
 
 
 def describe_exit(code: int | None) -> str:
@@ -84,8 +136,10 @@ class WorkerHandle:
         self.conn = None
         self.lifeline = None
         self.declared: dict = {}
+        self.stats: dict = {}
         self.healthy = False
         self.seq = 0
+        self._exit_logged = False
 
     def start(self, mp: multiprocessing.context.SpawnContext) -> None:
         parent, child = mp.Pipe(duplex=True)
@@ -97,9 +151,14 @@ class WorkerHandle:
             name=f"molmoact2-{self.name}",
             daemon=True,
         )
-        try:
+        process = self.process
+
+        def start() -> None:
             with _PARENT_MAIN_HIDDEN:
-                self.process.start()
+                process.start()
+
+        try:
+            SPAWNER.run(start)
         finally:
             child.close()
             life_r.close()
@@ -115,7 +174,30 @@ class WorkerHandle:
         if self.process is None:
             return "never started"
         self.process.join(wait_s)
+        self.log_exit()
         return describe_exit(self.process.exitcode)
+
+    def log_exit(self) -> None:
+        """Log this worker's exit status or signal once, as soon as it is known."""
+        process = self.process
+        if self._exit_logged or process is None or process.exitcode is None:
+            return
+        self._exit_logged = True
+        code = process.exitcode
+        level = logging.INFO if code == 0 else logging.WARNING
+        LOG.log(level, "worker %s (sessions %s, pid %s) %s", self.name, self.sessions_label(),
+                process.pid, describe_exit(code))
+
+    @property
+    def context_bytes(self) -> int:
+        """Total size of this worker's context files (the sequential load order's key)."""
+        total = 0
+        for session in self.spec.sessions:
+            try:
+                total += os.path.getsize(session.path)
+            except OSError:
+                pass
+        return total
 
     def kill(self) -> None:
         if self.process is not None and self.process.exitcode is None:
@@ -208,6 +290,7 @@ class WorkerHandle:
             if self.process.exitcode is None:
                 self.process.kill()
                 self.process.join(5.0)
+            self.log_exit()
             if self.process.exitcode is not None:
                 self.process.close()
             self.process = None
@@ -219,9 +302,33 @@ class WorkerHandle:
 
 
 def start_workers(
+    workers: list[WorkerHandle],
+    mp: multiprocessing.context.SpawnContext,
+    timeout_s: float,
+    load_order: str = "parallel",
+) -> None:
+    """Spawn ``workers`` and collect the sessions each declares once loaded.
+
+    ``parallel`` starts them all at once; ``sequential`` starts the largest context first and
+    the next one when the previous is ready (lower peak host memory and DSP load pressure).
+    Each worker's load time and peak RSS land in ``worker.stats``.
+    """
+    if load_order not in LOAD_ORDERS:
+        raise RuntimeBackendError(f"load_order must be one of {LOAD_ORDERS}, got {load_order!r}")
+    if load_order == "sequential":
+        for worker in sorted(workers, key=lambda w: -w.context_bytes):
+            _start_and_wait([worker], mp, timeout_s)
+    else:
+        _start_and_wait(workers, mp, timeout_s)
+    for worker in workers:
+        LOG.info("worker %s (%s) loaded in %.2f s, peak RSS %.1f MiB", worker.name,
+                 worker.sessions_label(), worker.stats.get("load_s", float("nan")),
+                 worker.stats.get("peak_rss_mib", float("nan")))
+
+
+def _start_and_wait(
     workers: list[WorkerHandle], mp: multiprocessing.context.SpawnContext, timeout_s: float
 ) -> None:
-    """Spawn ``workers`` in parallel and collect the sessions each declares once loaded."""
     for worker in workers:
         worker.start(mp)
     deadline = time.monotonic() + timeout_s
@@ -263,7 +370,9 @@ def _collect_ready(worker: WorkerHandle) -> None:
         )
     if status != ST_READY:
         raise worker.failure(f"worker {worker.name} answered {status} instead of ready")
-    worker.declared = dict(loads(payload))  # type: ignore[call-overload]
+    declared, stats = loads(payload)  # type: ignore[misc]
+    worker.declared = dict(declared)
+    worker.stats = dict(stats)
     worker.healthy = True
 
 
