@@ -55,6 +55,7 @@ def load_policy(settings: Settings) -> PolicyLike:
         settings["variant"],
         backend=settings["backend"],
         suffixes=Suffixes.from_mapping(settings.suffixes()),
+        pipeline_options=settings.runtime_options() if settings["backend"] == "htp" else {},
         flow_steps=settings.flow_steps(),
         seed=None if seed < 0 else seed,
         instruction=settings["instruction"] or None,

@@ -39,7 +39,6 @@ from .protocol import (
 )
 from .worker import worker_main
 
-
 LOG = logging.getLogger("molmoact2_ros.runtime")
 LOAD_ORDERS = ("parallel", "sequential")
 
