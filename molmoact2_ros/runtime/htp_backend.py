@@ -27,6 +27,7 @@ from ..host.conventions import Conventions
 from ..variants import ACTION_CONTEXT, ACTION_STEP, COMPONENTS, VISION, VariantSpec
 from .arena import Arena
 from .layout import plan_arena
+from .libpaths import preflight
 from .protocol import (
     OP_ACTION,
     OP_ATTACH,
@@ -74,6 +75,9 @@ class ResidentOptions:
     #: at most this many restarts within restart_window_s (crashed cycles leak DSP sessions)
     max_restarts: int = 3
     restart_window_s: float = 600.0
+    #: QNN runtime / DSP skel folders ("" = the bundle's qnn_libs/ and dsp_libs/ if present)
+    qnn_libs: str = ""
+    dsp_libs: str = ""
 
     @classmethod
     def from_kwargs(cls, options: Mapping[str, object]) -> ResidentOptions:
@@ -184,8 +188,11 @@ class ResidentPipeline:
         suffixes = suffixes or Suffixes()
         conventions = conventions or bundle.conventions()
         paths = {c: bundle.context_path(c, suffixes.for_component(c)) for c in COMPONENTS}
+        qnn_libs = opts.qnn_libs or bundle.library_dir("qnn_libs")
+        dsp_libs = opts.dsp_libs or bundle.library_dir("dsp_libs")
         if opts.loader == "qnn":
             bundle.check_contexts(suffixes)  # every context binary present, none truncated
+            preflight(qnn_libs, dsp_libs, bundle.variant.dsp_arch)
         specs = [
             WorkerSpec(
                 worker=name,
@@ -199,6 +206,8 @@ class ResidentPipeline:
                 log_level=opts.log_level,
                 perf_profile=opts.perf_profile,
                 release_on_exit=bool(opts.release_on_exit),
+                qnn_libs=qnn_libs,
+                dsp_libs=dsp_libs,
             )
             for name, members in worker_groups(bundle.variant)
         ]

@@ -67,7 +67,8 @@ class WorkerSpec:
     #: on STOP: release every context after the perf vote (off: ``os._exit`` right after the
     #: vote is released, like the reference bring-up, dodging the teardown crash)
     release_on_exit: bool = False
-    #: folders for the worker's environment before QNN starts ("" = leave it alone)
+    #: the worker's environment from exec on (``LD_LIBRARY_PATH`` is read at process start):
+    #: qnn_libs is prepended to LD_LIBRARY_PATH, dsp_libs becomes ADSP_LIBRARY_PATH
     qnn_libs: str = ""
     dsp_libs: str = ""
 

@@ -124,6 +124,33 @@ class _HideParentMain:
 _PARENT_MAIN_HIDDEN = _HideParentMain()
 
 
+class _worker_environment:  # noqa: N801 (a context manager used like a function)
+    """While one worker is spawned, give it the bundle's QNN/DSP library folders.
+
+    Set here, in the spawner thread, because the dynamic loader reads ``LD_LIBRARY_PATH``
+    only when the process starts; the variables are restored right after the spawn.
+    """
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self._changes: dict[str, str] = {}
+        if spec.qnn_libs:
+            old = os.environ.get("LD_LIBRARY_PATH", "")
+            self._changes["LD_LIBRARY_PATH"] = spec.qnn_libs + (os.pathsep + old if old else "")
+        if spec.dsp_libs:
+            self._changes["ADSP_LIBRARY_PATH"] = spec.dsp_libs
+
+    def __enter__(self) -> None:
+        self._saved = {k: os.environ.get(k) for k in self._changes}
+        os.environ.update(self._changes)
+
+    def __exit__(self, *exc: object) -> None:
+        for key, value in self._saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 class WorkerHandle:
     """Parent-side handle of one worker process."""
 
@@ -138,6 +165,7 @@ class WorkerHandle:
         self.stats: dict = {}
         self.healthy = False
         self.seq = 0
+        self.stop_answered = False
         self._exit_logged = False
 
     def start(self, mp: multiprocessing.context.SpawnContext) -> None:
@@ -150,10 +178,10 @@ class WorkerHandle:
             name=f"molmoact2-{self.name}",
             daemon=True,
         )
-        process = self.process
+        process, spec = self.process, self.spec
 
         def start() -> None:
-            with _PARENT_MAIN_HIDDEN:
+            with _PARENT_MAIN_HIDDEN, _worker_environment(spec):
                 process.start()
 
         try:
@@ -184,8 +212,9 @@ class WorkerHandle:
         self._exit_logged = True
         code = process.exitcode
         level = logging.INFO if code == 0 else logging.WARNING
-        LOG.log(level, "worker %s (sessions %s, pid %s) %s", self.name, self.sessions_label(),
-                process.pid, describe_exit(code))
+        answered = "answered stop, then " if self.stop_answered else ""
+        LOG.log(level, "worker %s (sessions %s, pid %s) %s%s", self.name, self.sessions_label(),
+                process.pid, answered, describe_exit(code))
 
     @property
     def context_bytes(self) -> int:
@@ -387,11 +416,15 @@ class Resources:
         asked = [w for w in workers if w.send_stop()]
         deadline = time.monotonic() + self.stop_timeout_s
         for worker in asked:
-            if worker.conn is not None and worker.conn.poll(max(0.0, deadline - time.monotonic())):
+            conn = worker.conn
+            while conn is not None and conn.poll(max(0.0, deadline - time.monotonic())):
                 try:
-                    worker.conn.recv_bytes()
+                    frame = conn.recv_bytes()
                 except (EOFError, OSError):
-                    pass
+                    break
+                if REPLY.unpack_from(frame)[1] == worker.seq:  # not a late answer of a call
+                    worker.stop_answered = True
+                    break
         for worker in workers:
             worker.finish(deadline)
 

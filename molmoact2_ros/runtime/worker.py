@@ -73,33 +73,23 @@ def die_with_parent() -> None:
         os._exit(EXIT_ORPHANED)  # the orchestrator died before prctl took effect
 
 
-def apply_library_paths(spec: WorkerSpec) -> None:
-    """Point ``LD_LIBRARY_PATH``/``ADSP_LIBRARY_PATH`` at the bundle's QNN libraries.
-
-    Before qai_appbuilder is imported, so its ``QNNConfig`` keeps our ``ADSP_LIBRARY_PATH``.
-    ``LD_LIBRARY_PATH`` only reaches libraries dlopen()ed by name after this point.
-    """
-    if spec.qnn_libs:
-        old = os.environ.get("LD_LIBRARY_PATH", "")
-        os.environ["LD_LIBRARY_PATH"] = spec.qnn_libs + (os.pathsep + old if old else "")
-    if spec.dsp_libs:
-        os.environ["ADSP_LIBRARY_PATH"] = spec.dsp_libs
-
-
 def worker_main(spec: WorkerSpec, conn: Connection, lifeline: Connection) -> None:
     """Process entry point; never returns (``os._exit`` dodges the known teardown crash)."""
     die_with_parent()
     # Ctrl-C reaches the whole process group; the orchestrator decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watch_lifeline(lifeline, spec.lifeline_grace_s)
-    apply_library_paths(spec)
     code = EXIT_OK
+    server = None
     try:
-        code = _Server(spec, conn).serve()
+        # keep ``server`` referenced until os._exit: dropping it would destroy every context
+        # through refcounting (ModelDestroy), which release_on_exit=False must avoid
+        server = _Server(spec, conn)
+        code = server.serve()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(code)
+        os._exit(code if server is not None else EXIT_LOAD_FAILED)
 
 
 def _watch_lifeline(lifeline: Connection, grace_s: float) -> None:

@@ -27,9 +27,13 @@ with onnxruntime. Behaviour mirrored from the C++ sources (qai_appbuilder.md §2
 
 Failure injection (for the runtime tests), by graph name, from the environment at call time
 or from marker files: ``FAKE_QAI_CRASH``, ``FAKE_QAI_HANG``, ``FAKE_QAI_FAIL_LOAD``,
-``FAKE_QAI_FAIL_INFERENCE`` hold comma-separated graph names; with ``FAKE_QAI_CONTROL_DIR``
-set, a file ``<dir>/<graph>.crash`` (``.hang``, ``.fail_load``, ``.fail_inference``) does
-the same for already running workers. A crash is a real SIGSEGV (core dumps disabled).
+``FAKE_QAI_FAIL_INFERENCE`` (also ``CRASH_LOAD``, ``HANG_LOAD``, ``CRASH_RELEASE``: during the
+context load, or in ``ModelDestroy`` like the known teardown segfault) hold comma-separated
+graph names; with ``FAKE_QAI_CONTROL_DIR`` set, a file ``<dir>/<graph>.crash`` (``.hang``,
+``.fail_load``, ``.fail_inference``, ``.crash_load``, ...) does the same for already running
+workers. A crash is a real SIGSEGV (core dumps disabled). With ``FAKE_QAI_EVENT_LOG`` set,
+every load, perf vote/release and context destroy appends a line ``<pid> <time> <event>``
+to that file (the runtime tests read the order of events across processes).
 """
 
 from __future__ import annotations
@@ -94,6 +98,13 @@ def _log(message: str) -> None:
     print(f"[fake qai_appbuilder] {message}", file=sys.stderr, flush=True)
 
 
+def _event(text: str) -> None:
+    path = os.environ.get("FAKE_QAI_EVENT_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{os.getpid()} {time.time():.6f} {text}\n")
+
+
 def set_log_level(log_level: int, log_path: str) -> None:
     STATE["log_level"] = int(log_level)
 
@@ -108,6 +119,7 @@ def set_perf_profile(perf_profile: str) -> bool:
         return False
     STATE["perf_profile"] = perf_profile
     STATE["perf_votes"] = int(STATE["perf_votes"]) + 1  # type: ignore[call-overload]
+    _event(f"perf_set {perf_profile}")
     return True
 
 
@@ -120,6 +132,7 @@ def rel_perf_profile() -> bool:
         return False
     STATE["perf_profile"] = None
     STATE["perf_releases"] = int(STATE["perf_releases"]) + 1  # type: ignore[call-overload]
+    _event("perf_release")
     return True
 
 
@@ -226,6 +239,8 @@ def _load(model_path: str, device_id: int, enable_graphs: list[str]) -> _Engine 
     for entry in header["graphs"]:
         if enable_graphs and entry["name"] not in enable_graphs:
             continue
+        _event(f"load_start {entry['name']}")
+        _maybe_fail(entry["name"], "_load")
         if injected("fail_load", entry["name"]):
             _log(f"Context create from binary failed for {entry['name']}: err 1002 (injected)")
             return None
@@ -236,6 +251,7 @@ def _load(model_path: str, device_id: int, enable_graphs: list[str]) -> _Engine 
         except Exception as exc:
             _log(f"Could not create context from binary {model_path}: {exc}")
             return None
+        _event(f"load_end {entry['name']}")
     return _Engine(graphs) if graphs else None
 
 
@@ -343,12 +359,16 @@ class QNNContext:
 
     def __del__(self) -> None:
         if getattr(self, "_owner", False) and getattr(self, "_pid", None) == os.getpid():
-            _MODELS.pop(self._name, None)  # ModelDestroyEx
+            engine = _MODELS.pop(self._name, None)  # ModelDestroyEx
+            for graph in engine.graphs if engine else ():
+                _event(f"destroy {graph.name}")
+                _maybe_fail(graph.name, "_release")
 
 
-def _maybe_fail(graph: str) -> None:
-    if injected("crash", graph):
-        _log(f"simulating a segfault in graphExecute of {graph}")
+def _maybe_fail(graph: str, stage: str = "") -> None:
+    """Crash or hang if asked for this graph at this stage ("" = graphExecute)."""
+    if injected("crash" + stage, graph):
+        _log(f"simulating a segfault in {stage[1:] or 'graphExecute'} of {graph}")
         try:
             import resource
 
@@ -358,7 +378,7 @@ def _maybe_fail(graph: str) -> None:
         os.kill(os.getpid(), signal.SIGSEGV)
         time.sleep(5)
         os._exit(139)
-    if injected("hang", graph):
-        _log(f"simulating a hung graphExecute of {graph}")
+    if injected("hang" + stage, graph):
+        _log(f"simulating a hung {stage[1:] or 'graphExecute'} of {graph}")
         while True:
             time.sleep(3600)
