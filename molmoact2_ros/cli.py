@@ -1,4 +1,4 @@
-"""``molmoact2`` command line: tiny-bundle, parity, demo, bench, doctor."""
+"""``molmoact2`` command line: tiny-bundle, parity, demo, bench, doctor, device-report."""
 
 from __future__ import annotations
 
@@ -244,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mcap", action="store_true")
     p.set_defaults(func=cmd_trace_to_bag)
 
-    for extra in ("bench", "doctor"):
+    for extra in ("bench", "doctor", "device_report"):
         try:
             module = __import__(f"molmoact2_ros.{extra}", fromlist=["register"])
         except ImportError:

@@ -95,7 +95,7 @@ def check_qai(probe: dict) -> Check:
         return Check("qai_appbuilder", FAIL, f"not importable ({probe['error']})",
                      f"pip install qai-appbuilder=={TESTED_WHEEL} (Linux aarch64 wheels need "
                      "glibc 2.38 / Ubuntu 24.04; on older images build it against your QAIRT)")
-    note = " (test fake)" if probe.get("fake") else ""
+    note = " (qai_appbuilder: test fake, no NPU behind it)" if probe.get("fake") else ""
     other = "" if probe["version"] == TESTED_WHEEL else f"; tested with {TESTED_WHEEL}"
     return Check("qai_appbuilder", PASS, f"{probe['version']}{note} at {probe['dir']}{other}")
 

@@ -299,3 +299,35 @@ def test_wrong_sized_input_is_refused_by_the_worker_guard(qai, ctx_path):
             session.infer([np.ones((2, 3), np.float16)])
     finally:
         session.release()
+
+
+_ORCHESTRATOR_IMPORTS = """
+import sys
+import numpy as np
+from molmoact2_ros.bundle import Bundle
+from molmoact2_ros.policy import Policy
+from molmoact2_ros.runtime.htp_backend import ResidentPipeline
+root = sys.argv[1]
+with Policy.load(root, backend="onnx") as onnx_policy:  # needs ONNX Runtime in this process
+    pass
+with ResidentPipeline.open(Bundle.open(root), call_timeout_s=60) as pipe:  # fake in workers
+    pipe.run_vision()
+import onnxruntime
+print("qai_appbuilder" in sys.modules, hasattr(onnxruntime, "QAI_APPBUILDER_ONNXWRAPPER"),
+      hasattr(onnxruntime, "InferenceSession"))
+"""
+
+
+def test_no_process_that_needs_onnxruntime_imports_qai_appbuilder(tiny_root):
+    """The library replaces sys.modules["onnxruntime"] on import: the orchestrator (which runs
+    the ONNX backend) must never import it, only the spawned HTP workers do."""
+    from htp_helpers import REPO, ensure_contexts
+
+    ensure_contexts(tiny_root)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FAKE_PATH), str(REPO)])}
+    result = subprocess.run(
+        [sys.executable, "-c", _ORCHESTRATOR_IMPORTS, str(tiny_root / "lp_vtp_sd")],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["False", "False", "True"]

@@ -60,6 +60,18 @@ EXIT_ORPHANED = 70
 PR_SET_PDEATHSIG = 1
 
 
+def peak_rss_mib() -> float:
+    """This process's peak resident set (VmHWM: ru_maxrss would include the parent's at fork)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
 def die_with_parent() -> None:
     """SIGKILL this process when the thread that spawned it ends (Linux ``prctl``)."""
     if not sys.platform.startswith("linux"):
@@ -199,8 +211,7 @@ class _Server:
         declared = {c: (s.inputs, s.outputs) for c, s in self.sessions.items()}
         stats = {
             "load_s": time.perf_counter() - start,
-            # ru_maxrss is KiB on Linux: the peak while the contexts were read and loaded
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+            "peak_rss_mib": peak_rss_mib(),
             "fixed_point": {
                 c: getattr(s, "fixed_point", ()) for c, s in self.sessions.items()
             },
