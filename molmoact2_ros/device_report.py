@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -23,7 +24,10 @@ from .variants import ACTION_STEP, COMPONENTS, SUFFIX_GROUPS, VARIANTS, get_vari
 
 PASS, FAIL, NOT_RUN = "PASS", "FAIL", "not run"
 MIN_CHUNKS = 20
-WHEEL_GLIBC = (2, 39)  # qai-appbuilder 2.51.40 wheels: manylinux_2_39_aarch64
+#: glibc the qai-appbuilder 2.51.40 aarch64 wheels need: cp310 is tagged manylinux_2_35 (Ubuntu
+#: 22.04 / Humble), cp311-cp313 manylinux_2_39 (Ubuntu 24.04 / Jazzy)
+WHEEL_GLIBC = {(3, 10): (2, 35)}
+WHEEL_GLIBC_DEFAULT = (2, 39)
 
 
 def _os_release() -> str:
@@ -56,10 +60,13 @@ def platform_facts(probe: dict) -> dict:
         number = tuple(int(p) for p in glibc.split()[-1].split(".")[:2])
     except (ValueError, IndexError):
         number = (0, 0)
+    need = WHEEL_GLIBC.get(tuple(sys.version_info[:2]), WHEEL_GLIBC_DEFAULT)
+    tag = f"manylinux_{need[0]}_{need[1]}"
     facts["wheel_glibc"] = (
-        "ok" if number >= WHEEL_GLIBC else
-        f"{glibc or 'unknown glibc'} < 2.39: the qai-appbuilder 2.51.40 wheels "
-        "(manylinux_2_39_aarch64) do not install; use Ubuntu 24.04 or a wheel built on the board"
+        f"ok (this Python's 2.51.40 wheel is {tag})" if number >= need else
+        f"{glibc or 'unknown glibc'} is older than {tag}, the tag of the 2.51.40 wheel for "
+        f"Python {platform.python_version()}: it does not install here (Python 3.10's wheel "
+        "needs glibc 2.35, the others 2.39)"
     )
     if "error" in probe:
         facts["qai_appbuilder"] = f"not importable ({probe['error']})"
