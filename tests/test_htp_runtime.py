@@ -88,6 +88,16 @@ def test_parity_cli_all_variants(control, tiny_root, capsys):
     assert not Snapshot.take().leaks_since(before)
 
 
+def test_parity_cli_w4a16_all_variants(control, tiny_root, capsys):
+    """The _w4a16 set (ufp16 I/O, loaded in float mode) on every component passes parity."""
+    from molmoact2_ros.cli import main
+
+    suffixes = [arg for g in ("vision", "llm", "action") for arg in ("--suffix", f"{g}=_w4a16")]
+    assert main(["parity", str(tiny_root), "--backend", "htp", *suffixes]) == 0
+    out = capsys.readouterr().out
+    assert out.count("30/30 rows pass") == 3
+
+
 def test_arena_views_are_fp16_and_shared(pipeline):
     for name in ("pixel_values", "hidden_states", "attention_bias"):
         assert pipeline.input_buffer(name).dtype == np.float16
