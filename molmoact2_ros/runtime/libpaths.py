@@ -70,9 +70,16 @@ def preflight(qnn_libs: str, dsp_libs: str, dsp_arch: str) -> None:
             if entry and (Path(entry) / skel_name).is_file():
                 _same(Path(entry) / skel_name, runtime, runtime_lib, "ADSP_LIBRARY_PATH")
                 break
-    if qnn_libs and (Path(qnn_libs) / "libQnnHtp.so").is_file():
-        _same(Path(qnn_libs) / "libQnnHtp.so", runtime, runtime_lib,
-              "LD_LIBRARY_PATH (bundle qnn_libs)")
+    # libQnnHtp.so dlopen()s its stub by name: the first one on LD_LIBRARY_PATH wins
+    stub_name = f"libQnnHtp{dsp_arch.upper()}Stub.so"
+    search = [(qnn_libs, "LD_LIBRARY_PATH (bundle qnn_libs)")] if qnn_libs else []
+    search += [(d, "LD_LIBRARY_PATH")
+               for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d]
+    for folder, variable in search:
+        for name in ("libQnnHtp.so", stub_name):
+            lib = Path(folder) / name
+            if lib.is_file() and lib.resolve() != (libs / name).resolve():
+                _same(lib, runtime, runtime_lib, variable)
 
 
 def _same(lib: Path, runtime: str, runtime_lib: Path, variable: str) -> None:
