@@ -7,6 +7,7 @@
 <bundle>/golden/<component>_io.npz, e2e_trace*.npz      parity data
 <bundle>/norm_stats.json (or golden/norm_stats.json)
 <bundle>/host/tokenizer.json, embeddings.npy, prompt.json, conventions.json
+<bundle>/qnn_libs/, dsp_libs/        optional QNN runtime / DSP skel (the seed workspace's)
 ```
 """
 
@@ -36,9 +37,12 @@ class Suffixes:
     action: str = ""
 
     def for_component(self, component: str) -> str:
+        """The suffix ``component`` loads with; "" for action_context (in no group)."""
         for group, members in SUFFIX_GROUPS.items():
             if component in members:
                 return getattr(self, group)
+        if component in COMPONENTS:
+            return ""
         raise BundleError(f"unknown component {component!r}")
 
     @classmethod
@@ -102,6 +106,11 @@ class Bundle:
 
     def host_path(self, name: str) -> Path:
         return self.root / "host" / name
+
+    def library_dir(self, name: str) -> str:
+        """``qnn_libs``/``dsp_libs`` of a bundle laid out like the seed workspace, else ""."""
+        folder = self.root / name
+        return str(folder) if folder.is_dir() else ""
 
     @property
     def norm_stats_path(self) -> Path:

@@ -17,7 +17,7 @@ from .errors import MolmoActError
 
 #: Modules with a ``register(subparsers)`` function, each adding its command(s).
 COMMAND_MODULES = ("demo", "parity", "convention_check", "tiny_bundle", "export_host",
-                   "bench", "doctor", "replay_cli")
+                   "bench", "doctor", "replay_cli", "device_report")
 #: How ``molmoact2 --help`` groups the commands (any other registered command goes last).
 GROUPS = {
     "run": ("demo", "replay", "bench"),

@@ -57,6 +57,7 @@ def load_policy(settings: Settings) -> PolicyLike:
         settings["variant"],
         backend=settings["backend"],
         suffixes=Suffixes.from_mapping(settings.suffixes()),
+        pipeline_options=settings.runtime_options() if settings["backend"] == "htp" else {},
         flow_steps=settings.flow_steps(),
         seed=None if seed < 0 else seed,
         instruction=settings["instruction"] or None,
@@ -536,6 +537,10 @@ class Controller:
         values.update({f"count.{k}": v for k, v in sorted(self.counts.items())})
         values.update({f"drop.{k}": v for k, v in sorted(self.drops.items())})
         values.update({f"latency_ms.{k}": round(v, 3) for k, v in self.last_latency_ms.items()})
+        load_stats = getattr(getattr(self.policy, "pipeline", None), "load_stats", None)
+        for worker, st in (load_stats() if callable(load_stats) else {}).items():
+            values[f"load_s.{worker}"] = round(float(st.get("load_s", 0.0)), 3)
+            values[f"peak_rss_mib.{worker}"] = round(float(st.get("peak_rss_mib", 0.0)), 1)
         level, message = self.health
         if level == "ok" and not s["instruction"]:
             level, message = "warn", "no instruction: set the 'instruction' parameter"

@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 
 from .errors import MolmoActError
+from .runtime.libpaths import qnn_runtime_version
 from .variants import COMPONENTS, SUFFIX_GROUPS
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 TESTED_WHEEL = "2.51.40"
-_VERSION = re.compile(rb"v(2\.\d+\.\d+(?:\.\d+)?)")
 _CDSPRPC_DIRS = ("/usr/lib", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/vendor/lib64",
                  "/lib/aarch64-linux-gnu", "/odm/lib64")
 _PROBE = """
@@ -95,21 +95,9 @@ def check_qai(probe: dict) -> Check:
         return Check("qai_appbuilder", FAIL, f"not importable ({probe['error']})",
                      f"pip install qai-appbuilder=={TESTED_WHEEL} (Linux aarch64 wheels need "
                      "glibc 2.38 / Ubuntu 24.04; on older images build it against your QAIRT)")
-    note = " (test fake)" if probe.get("fake") else ""
+    note = " (qai_appbuilder: test fake, no NPU behind it)" if probe.get("fake") else ""
     other = "" if probe["version"] == TESTED_WHEEL else f"; tested with {TESTED_WHEEL}"
     return Check("qai_appbuilder", PASS, f"{probe['version']}{note} at {probe['dir']}{other}")
-
-
-def qnn_runtime_version(lib: Path) -> str | None:
-    """The ``v2.x.y.z`` build string inside a QNN library (like ``strings | grep v2.``)."""
-    tail = b""
-    with open(lib, "rb") as f:
-        while chunk := f.read(1 << 20):
-            match = _VERSION.search(tail + chunk)
-            if match:
-                return match.group(1).decode()
-            tail = chunk[-64:]
-    return None
 
 
 def check_qnn_runtime(probe: dict) -> Check:

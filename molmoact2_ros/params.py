@@ -21,6 +21,7 @@ LIVE, RELOAD, CONFIGURE = "live", "reload", "configure"
 BACKENDS = ("onnx", "htp")
 TRIGGERS = ("on_observation", "rate", "chunk_consumed")
 STATE_SOURCES = ("joint_state", "tf")
+LOAD_ORDERS = ("parallel", "sequential")
 MAX_FLOW_STEPS = 100
 
 
@@ -49,7 +50,16 @@ PARAMS: tuple[ParamSpec, ...] = (
     _p("backend", "htp", "runtime: htp (qai_appbuilder on the NPU) or onnx (ONNX Runtime)", RELOAD),
     _p("context_suffix.vision", "", "context suffix of vision: '' (fp16) or e.g. '_w4a16'", RELOAD),
     _p("context_suffix.llm", "", "context suffix of llm_split0..3", RELOAD),
-    _p("context_suffix.action", "", "context suffix of action_context + action_step", RELOAD),
+    _p("context_suffix.action", "",
+       "context suffix of action_step only (action_context stays fp16)", RELOAD),
+    _p("runtime.call_timeout_s", 30.0,
+       "htp: deadline of one worker call; a worker that misses it is killed and restarted",
+       CONFIGURE, float_range=(0.1, 3600.0)),
+    _p("runtime.release_on_exit", False,
+       "htp: on stop also release every context (off: release the perf vote, then exit)",
+       CONFIGURE),
+    _p("runtime.load_order", "parallel",
+       "htp: load the contexts in parallel, or sequential (largest first)", CONFIGURE),
     _p("flow_steps", 0, "flow-matching steps; 0 = the variant default (10, or 2 for lp_vtp_sd)",
        int_range=(0, MAX_FLOW_STEPS)),
     _p("instruction", "", "task instruction, e.g. 'put the bowl on the plate'"),
@@ -119,6 +129,14 @@ class Settings:
 
     def bundle_path(self, variant: str | None = None) -> str:
         return self.values[f"bundle.{variant or self.values['variant']}"]
+
+    def runtime_options(self) -> dict[str, Any]:
+        """``runtime.*`` as options of the resident HTP pipeline."""
+        return {
+            "call_timeout_s": float(self.values["runtime.call_timeout_s"]),
+            "release_on_exit": bool(self.values["runtime.release_on_exit"]),
+            "load_order": self.values["runtime.load_order"],
+        }
 
     def suffixes(self) -> dict[str, str]:
         return {g: self.values[f"context_suffix.{g}"] for g in ("vision", "llm", "action")}
@@ -218,6 +236,7 @@ _CHECKS = {
     "execution.blend": _check_choice(BLENDS),
     "execution.crossfade_ramp": _check_choice(RAMPS),
     "state.source": _check_choice(STATE_SOURCES),
+    "runtime.load_order": _check_choice(LOAD_ORDERS),
     "action_names": _check_action_names,
     "action_min": _check_limit_list,
     "action_max": _check_limit_list,

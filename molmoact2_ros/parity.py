@@ -11,17 +11,31 @@ from .progress import progress
 from .variants import COMPONENTS
 
 
+def parse_suffix(text: str) -> tuple[str, str]:
+    """``GROUP=SUFFIX`` of ``--suffix`` (groups as in ``context_suffix.*``)."""
+    from .variants import SUFFIX_GROUPS
+
+    group, sep, suffix = text.partition("=")
+    if not sep or group not in SUFFIX_GROUPS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: use GROUP=SUFFIX with GROUP one of {', '.join(SUFFIX_GROUPS)}"
+        )
+    return group, suffix
+
+
 def cmd_parity(args: argparse.Namespace) -> int:
+    from .bundle import Suffixes
     from .golden import TRACE_FILES, component_parity, e2e_parity, format_table
     from .policy import Policy
 
     total, failed_rows, names = 0, 0, []
+    suffixes = Suffixes.from_mapping(dict(args.suffix or []))
     for name, path in resolve_bundles(Path(args.bundle), args.variant):
         names.append(name)
         tol = {"min_cosine": args.min_cosine}
         traces = [t for t in TRACE_FILES if (path / "golden" / t).is_file()]
         rows = []
-        with Policy.load(path, name, backend=args.backend) as policy:
+        with Policy.load(path, name, backend=args.backend, suffixes=suffixes) as policy:
             contracts = policy.bundle.variant.contracts(
                 euler_in_graph=policy.conventions.euler_in_graph)
             for stage in progress([*COMPONENTS, *traces], f"parity {name}"):
@@ -57,4 +71,7 @@ def register(subparsers) -> None:
     p.add_argument("--min-cosine", type=float_in(0.0, 1.0, low_open=True),
                    default=DEFAULT_MIN_COSINE,
                    help="cosine similarity a row needs to pass, in (0, 1]")
+    p.add_argument("--suffix", type=parse_suffix, action="append", metavar="GROUP=SUFFIX",
+                   help="context suffix per group, repeatable (vision, llm, action: action_step "
+                   "only; e.g. llm=_w4a16); default: fp16 everywhere")
     p.set_defaults(func=cmd_parity)

@@ -21,11 +21,13 @@ ACTION_CONTEXT = "action_context"
 ACTION_STEP = "action_step"
 COMPONENTS = (VISION, *LLM_SPLITS, ACTION_CONTEXT, ACTION_STEP)
 
-#: Components grouped the way the per-component context suffix parameters address them.
+#: Components grouped the way the per-component context suffix parameters address them. As in
+#: the reference runtime (``ACTION_CTX_SUFFIX``), ``action`` selects action_step only:
+#: action_context is not in any group and always loads its fp16 context.
 SUFFIX_GROUPS: Mapping[str, tuple[str, ...]] = {
     "vision": (VISION,),
     "llm": LLM_SPLITS,
-    "action": (ACTION_CONTEXT, ACTION_STEP),
+    "action": (ACTION_STEP,),
 }
 
 FLOAT_DTYPES = frozenset({"float32", "float16"})

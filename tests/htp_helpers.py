@@ -45,7 +45,8 @@ def fake_env(mp: pytest.MonkeyPatch, control_dir: Path | None = None) -> None:
     resource_tracker.ensure_running()
     if control_dir is not None:
         mp.setenv("FAKE_QAI_CONTROL_DIR", str(control_dir))
-    for kind in ("CRASH", "HANG", "FAIL_LOAD", "FAIL_INFERENCE"):
+    for kind in ("CRASH", "HANG", "FAIL_LOAD", "FAIL_INFERENCE", "CRASH_LOAD", "HANG_LOAD",
+                 "CRASH_RELEASE"):
         mp.delenv(f"FAKE_QAI_{kind}", raising=False)
 
 

@@ -44,6 +44,8 @@ def test_killed_worker_is_restarted_by_the_controller(tiny_root, monkeypatch):
         ctl.on_observation(images, trace["state"], now["ns"])
         first = ctl.process_pending()
         assert first is not None
+        values = ctl.diagnostics()["values"]  # per-worker load time and peak RSS
+        assert values["load_s.llm_split0"] > 0 and values["peak_rss_mib.action"] > 0
         want = _reference_chunk(trace, seed=[7, now["ns"]])  # noise of (seed, stamp)
         np.testing.assert_allclose(first.actions, want, atol=2e-2)  # fp16 I/O
         pid = ctl.policy.pipeline.worker_pids()["llm_split1"]

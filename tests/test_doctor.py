@@ -41,7 +41,7 @@ def test_with_the_fake_everything_but_the_hardware_passes(tiny_root, monkeypatch
     code = main(["doctor", str(tiny_root / "lp_vtp_sd"), "--suffix", "llm=_w4a16",
                  "--repeats", "1"])
     out, _ = capsys.readouterr()
-    assert "PASS  qai_appbuilder           2.51.40 (test fake)" in out
+    assert "PASS  qai_appbuilder           2.51.40 (qai_appbuilder: test fake" in out
     assert "PASS  QNN runtime              QAIRT v2.51.40" in out
     for line in ("PASS  load action_step", "PASS  contracts", "PASS  golden parity",
                  "PASS  latency (ms)", "llm_split0_w4a16_socid77_archv73.bin"):

@@ -43,7 +43,8 @@ def baseline(control) -> Snapshot:
 @pytest.fixture(scope="module")
 def pipeline(control, baseline, tiny_root):
     """One started grid_sampler pipeline shared by the failure tests."""
-    pipe = ResidentPipeline.open(Bundle.open(tiny_root / "grid_sampler"), call_timeout_s=TIMEOUT_S)
+    pipe = ResidentPipeline.open(Bundle.open(tiny_root / "grid_sampler"), call_timeout_s=TIMEOUT_S,
+                                 max_restarts=100)  # the tests below restart it many times
     yield pipe
     pipe.close()
 
@@ -85,6 +86,16 @@ def test_parity_cli_all_variants(control, tiny_root, capsys):
         assert f"== {name} (htp (qai_appbuilder: test fake))" in out
     assert "FAIL" not in out
     assert not Snapshot.take().leaks_since(before)
+
+
+def test_parity_cli_w4a16_all_variants(control, tiny_root, capsys):
+    """The _w4a16 set (ufp16 I/O, loaded in float mode) on every component passes parity."""
+    from molmoact2_ros.cli import main
+
+    suffixes = [arg for g in ("vision", "llm", "action") for arg in ("--suffix", f"{g}=_w4a16")]
+    assert main(["parity", str(tiny_root), "--backend", "htp", *suffixes]) == 0
+    out = capsys.readouterr().out
+    assert out.count("30/30 rows pass") == 3
 
 
 def test_arena_views_are_fp16_and_shared(pipeline):

@@ -17,7 +17,6 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,6 +26,8 @@ from ..host.conventions import Conventions
 from ..variants import ACTION_CONTEXT, ACTION_STEP, COMPONENTS, VISION, VariantSpec
 from .arena import Arena
 from .layout import plan_arena
+from .libpaths import preflight
+from .options import ResidentOptions
 from .protocol import (
     OP_ACTION,
     OP_ATTACH,
@@ -39,41 +40,18 @@ from .protocol import (
     loads,
 )
 from .session import TensorInfo, bind_contracts
-from .supervisor import LIVE, Resources, WorkerHandle, install_signal_handlers, start_workers
+from .supervisor import (
+    LIVE,
+    Resources,
+    WorkerHandle,
+    install_signal_handlers,
+    start_workers,
+)
 
 if TYPE_CHECKING:
     from ..bundle import Bundle, Suffixes
 
 ACTION_WORKER = "action"
-
-
-@dataclass(frozen=True)
-class ResidentOptions:
-    """Keyword options of ``ResidentPipeline.open`` (``pipeline_options`` of the policy)."""
-
-    call_timeout_s: float = 30.0
-    start_timeout_s: float = 300.0
-    stop_timeout_s: float = 10.0
-    max_sessions: int = 7
-    device_ids: Mapping[str, int] = field(default_factory=dict)
-    loader: str = "qnn"
-    log_level: str = "ERROR"
-    perf_profile: str = "BURST"
-    install_signal_handlers: bool = False
-
-    @classmethod
-    def from_kwargs(cls, options: Mapping[str, object]) -> ResidentOptions:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise RuntimeBackendError(
-                f"unknown htp pipeline options {unknown}; known: {sorted(known)}"
-            )
-        opts = cls(**options)  # type: ignore[arg-type]
-        for name in ("call_timeout_s", "start_timeout_s", "stop_timeout_s"):
-            if not float(getattr(opts, name)) > 0:
-                raise RuntimeBackendError(f"{name} must be > 0, got {getattr(opts, name)}")
-        return opts
 
 
 def worker_groups(variant: VariantSpec) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -123,8 +101,11 @@ class ResidentPipeline:
         # a SIGTERM handler closing the pipeline mid-call does not deadlock
         self._lock = threading.RLock()
         self._timings: dict[str, float] = {}
+        self._restarts: list[float] = []  # monotonic times of respawns that ran
+        self._crashed = False  # a worker died or was killed since the last clean load
         try:
-            start_workers(self._workers, self._mp, self.options.start_timeout_s)
+            start_workers(self._workers, self._mp, self.options.start_timeout_s,
+                          self.options.load_order)
             declared = self.declared
             self.geometry = bind_contracts(
                 {c: _Declared(c, *declared[c]) for c in COMPONENTS}, self.contracts, variant
@@ -161,8 +142,11 @@ class ResidentPipeline:
         suffixes = suffixes or Suffixes()
         conventions = conventions or bundle.conventions()
         paths = {c: bundle.context_path(c, suffixes.for_component(c)) for c in COMPONENTS}
+        qnn_libs = opts.qnn_libs or bundle.library_dir("qnn_libs")
+        dsp_libs = opts.dsp_libs or bundle.library_dir("dsp_libs")
         if opts.loader == "qnn":
             bundle.check_contexts(suffixes)  # every context binary present, none truncated
+            preflight(qnn_libs, dsp_libs, bundle.variant.dsp_arch)
         specs = [
             WorkerSpec(
                 worker=name,
@@ -175,6 +159,9 @@ class ResidentPipeline:
                 device_id=int(opts.device_ids.get(name, 0)),
                 log_level=opts.log_level,
                 perf_profile=opts.perf_profile,
+                release_on_exit=bool(opts.release_on_exit),
+                qnn_libs=qnn_libs,
+                dsp_libs=dsp_libs,
             )
             for name, members in worker_groups(bundle.variant)
         ]
@@ -290,6 +277,12 @@ class ResidentPipeline:
     def worker_pids(self) -> dict[str, int]:
         return {w.name: w.pid for w in self._workers if w.pid is not None}
 
+    def load_stats(self) -> dict[str, dict]:
+        """Per worker: sessions, load time (s), peak RSS (MiB), fixed-point tensors."""
+        return {
+            w.name: {"sessions": w.sessions_label(), **w.stats} for w in self._workers
+        }
+
     def ping(self) -> None:
         """Round trip to every worker (raises WorkerFailed for the first one that fails)."""
         with self._lock:
@@ -304,6 +297,16 @@ class ResidentPipeline:
     def _restart(self) -> None:
         if not self._finalizer.alive:
             raise RuntimeBackendError("the pipeline is closed; open a new one")
+        now = time.monotonic()
+        window = float(self.options.restart_window_s)
+        self._restarts = [t for t in self._restarts if now - t < window]
+        if len(self._restarts) >= int(self.options.max_restarts):
+            raise RuntimeBackendError(
+                f"restart refused: {len(self._restarts)} restarts in the last {window:g} s "
+                f"(max_restarts {self.options.max_restarts}); each crashed cycle may leave DSP "
+                "sessions behind (the device holds about seven): close the pipeline, check the "
+                "worker log, and reboot the board if loads start failing"
+            )
         for worker in self._workers:
             if worker.healthy:
                 try:
@@ -311,12 +314,26 @@ class ResidentPipeline:
                                during_recovery=True)
                 except WorkerFailed:
                     pass
+        stale = [w for w in self._workers if not w.healthy]
+        if stale:
+            self._restarts.append(now)
+        crashed = self._crashed or any(
+            w.process is not None and w.process.exitcode not in (None, 0) for w in stale
+        )
         try:
-            self._respawn([w for w in self._workers if not w.healthy])
+            self._respawn(stale)
         except WorkerFailed as exc:
+            if crashed:
+                exc = WorkerFailed(
+                    f"{exc}; this load follows a crashed worker: the DSP may still hold its "
+                    "leaked sessions (the device holds about seven), and a reboot may be needed",
+                    worker=exc.worker, session=exc.session,
+                )
             self._failed = exc
-            raise
+            self._crashed = True
+            raise exc from None
         self._failed = None
+        self._crashed = False
 
     def _respawn(self, stale: list[WorkerHandle]) -> None:
         if stale:
@@ -327,7 +344,7 @@ class ResidentPipeline:
                 self._resources.workers[self._resources.workers.index(old)] = new
                 for component in new.spec.components:
                     self._owner[component] = new
-            start_workers(fresh, self._mp, self.options.start_timeout_s)
+            start_workers(fresh, self._mp, self.options.start_timeout_s, self.options.load_order)
             for old, new in zip(stale, fresh):
                 if new.declared != old.declared and old.declared:
                     raise ContractError(

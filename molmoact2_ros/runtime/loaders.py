@@ -2,11 +2,17 @@
 
 The worker code is the same for both; only the loader differs. ``qai_appbuilder`` is imported
 here, inside the spawned worker, never in the orchestrator.
+
+Quantized I/O: a context whose inputs (or outputs) include fixed-point tensors (``ufp16``...)
+is loaded again with float I/O for that direction, because no getter exposes the tensors'
+scale/offset: the library then quantizes and dequantizes with its own parameters, and this
+side exchanges float32 (a fixed-point tensor is declared float32 to the contract check).
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -26,7 +32,13 @@ QNN_DTYPES = {
     "bool_": "bool",
     "bool": "bool",
 }
-QUANTIZED_QNN_DTYPES = frozenset({"ufp8", "ufp16", "sfp8", "sfp16", "uint16", "int16", "int8"})
+#: Fixed-point spellings of ``getInputDataType()`` (QnnSampleApp and QNN enum names).
+_FIXED_POINT = re.compile(r"^(qnn_datatype_)?[us](fp|fixed_point_|fixed)(8|16|32)$")
+
+
+def is_fixed_point(qnn_dtype: str) -> bool:
+    """True for ufixed/sfixed tensor types (``ufp16``, ``ufixed_point_16``, ...)."""
+    return bool(_FIXED_POINT.match(str(qnn_dtype).lower()))
 
 
 class LoadFailed(Exception):
@@ -115,26 +127,61 @@ class QnnLoader:
 
 
 class QnnSession:
-    """One ``QNNContext`` with native I/O, verified after load (the library never raises)."""
+    """One ``QNNContext``, verified after load (the library never raises).
+
+    I/O is native unless a direction holds fixed-point tensors; that direction is then loaded
+    in float mode (see the module docstring). ``infer`` checks every input's dtype and byte
+    size first: the library copies the tensor's size from whatever buffer it gets.
+    """
 
     def __init__(self, qai, spec: SessionSpec, worker: WorkerSpec) -> None:
         self.component = spec.component
         self.path = spec.path
-        self._ctx = qai.QNNContext(
-            model_name=spec.model_name,
-            model_path=spec.path,
-            input_data_type=qai.DataType.NATIVE,
-            output_data_type=qai.DataType.NATIVE,
-            deviceID=worker.device_id,
-        )
+        self._qai, self._spec, self._worker = qai, spec, worker
+        self.input_mode = self.output_mode = qai.DataType.NATIVE
+        self._ctx = self._open(spec.model_name)
         try:
-            self.inputs, self.outputs = self._verify()
+            raw_in, raw_out = self._verify()
+            quant_in = any(is_fixed_point(t) for _, _, t in raw_in)
+            quant_out = any(is_fixed_point(t) for _, _, t in raw_out)
+            if quant_in or quant_out:
+                self.release()
+                if quant_in:
+                    self.input_mode = qai.DataType.FLOAT
+                if quant_out:
+                    self.output_mode = qai.DataType.FLOAT
+                self._ctx = self._open(spec.model_name + "-float-io")
+                raw_in, raw_out = self._verify()
+            self.fixed_point = tuple(
+                name for name, _, t in (*raw_in, *raw_out) if is_fixed_point(t)
+            )
+            self.inputs = _tensor_infos(self.component, "input", raw_in)
+            self.outputs = _tensor_infos(self.component, "output", raw_out)
         except Exception:
             self.release()
             raise
+        native = self.input_mode == qai.DataType.NATIVE
+        #: what Inference gets: the declared dtype natively, float32 in float mode
+        self._wire = [
+            (np.dtype(NUMPY_DTYPES[i.dtype]) if native else np.dtype(np.float32),
+             int(np.prod(i.shape, dtype=np.int64)))
+            for i in self.inputs
+        ]
+        self._host = [np.dtype(NUMPY_DTYPES[i.dtype]) for i in self.inputs]
         self._out_dtypes = [np.dtype(NUMPY_DTYPES[o.dtype]) for o in self.outputs]
 
-    def _verify(self) -> tuple[tuple[TensorInfo, ...], tuple[TensorInfo, ...]]:
+    def _open(self, model_name: str):
+        qai = self._qai
+        return qai.QNNContext(
+            model_name=model_name,
+            model_path=self._spec.path,
+            input_data_type=self.input_mode,
+            output_data_type=self.output_mode,
+            deviceID=self._worker.device_id,
+        )
+
+    def _verify(self) -> tuple[list, list]:
+        """(name, shape, QNN dtype) of every input and output, after checking the load."""
         ctx, name = self._ctx, self.component
         graph = ctx.getGraphName(0)
         if not graph:
@@ -151,18 +198,35 @@ class QnnSession:
                 f"{self.path} holds graph {graph!r}, not {name!r}; the file is misnamed or "
                 "belongs to another component",
             )
-        inputs = _tensor_infos(
-            name, "input", ctx.getInputName(0), ctx.getInputShapes(0), ctx.getInputDataType(0)
+        return (
+            _raw_tensors(name, "input", ctx.getInputName(0), ctx.getInputShapes(0),
+                         ctx.getInputDataType(0)),
+            _raw_tensors(name, "output", ctx.getOutputName(0), ctx.getOutputShapes(0),
+                         ctx.getOutputDataType(0)),
         )
-        outputs = _tensor_infos(
-            name, "output", ctx.getOutputName(0), ctx.getOutputShapes(0),
-            ctx.getOutputDataType(0),
-        )
-        return inputs, outputs
+
+    def check_inputs(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The project's guard: count, dtype and byte size of every input (float I/O: cast)."""
+        if len(arrays) != len(self.inputs):
+            raise InferenceFailed(
+                self.component, f"got {len(arrays)} inputs, the graph has {len(self.inputs)}"
+            )
+        checked = []
+        for array, info, host, (wire, size) in zip(arrays, self.inputs, self._host, self._wire):
+            array = np.asarray(array)
+            if array.dtype != host or array.size != size:
+                raise InferenceFailed(
+                    self.component,
+                    f"input {info.name} is {array.dtype}[{array.size} elements, {array.nbytes} "
+                    f"bytes] but the loaded graph takes {info.describe()} ({size * host.itemsize}"
+                    " bytes); refused before Inference, which would read out of bounds",
+                )
+            checked.append(array if wire == host else array.astype(wire))
+        return checked
 
     def infer(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         # Inference mutates the list it gets (items become flattened views): pass a fresh one.
-        out = self._ctx.Inference(list(arrays))
+        out = self._ctx.Inference(self.check_inputs(arrays))
         if not out:
             raise InferenceFailed(
                 self.component,
@@ -174,6 +238,11 @@ class QnnSession:
                 self.component,
                 f"Inference returned {len(out)} outputs, expected {len(self.outputs)}",
             )
+        if self.output_mode != self._qai.DataType.NATIVE:
+            return [
+                np.asarray(arr, np.float32).reshape(info.shape).astype(dtype, copy=False)
+                for arr, info, dtype in zip(out, self.outputs, self._out_dtypes)
+            ]
         return [
             _native_output(self.component, arr, info, dtype)
             for arr, info, dtype in zip(out, self.outputs, self._out_dtypes)
@@ -185,27 +254,30 @@ class QnnSession:
             ctx.release()
 
 
-def _tensor_infos(
+def _raw_tensors(
     component: str, kind: str, names: Sequence[str], shapes: Sequence, dtypes: Sequence[str]
-) -> tuple[TensorInfo, ...]:
+) -> list[tuple[str, tuple[int, ...], str]]:
     if not names or not (len(names) == len(shapes) == len(dtypes)):
         raise LoadFailed(
             component,
             f"the context reports {len(names)} {kind} names, {len(shapes)} shapes and "
             f"{len(dtypes)} dtypes; it did not load completely (rank-0 tensors are not supported)",
         )
+    return [
+        (str(n), tuple(int(d) for d in shape), str(t)) for n, shape, t in zip(names, shapes, dtypes)
+    ]
+
+
+def _tensor_infos(
+    component: str, kind: str, raw: Sequence[tuple[str, tuple[int, ...], str]]
+) -> tuple[TensorInfo, ...]:
+    """TensorInfos as this side sees them: a fixed-point tensor is float32 (float I/O)."""
     infos = []
-    for name, shape, qnn_dtype in zip(names, shapes, dtypes):
-        dtype = QNN_DTYPES.get(str(qnn_dtype))
+    for name, shape, qnn_dtype in raw:
+        dtype = "float32" if is_fixed_point(qnn_dtype) else QNN_DTYPES.get(qnn_dtype)
         if dtype is None:
-            hint = (
-                "native quantized I/O needs a scale/offset the API does not expose; compile "
-                "the context with fp16 I/O"
-                if qnn_dtype in QUANTIZED_QNN_DTYPES
-                else "unsupported"
-            )
-            raise LoadFailed(component, f"{kind} {name} has dtype {qnn_dtype}: {hint}")
-        infos.append(TensorInfo(str(name), tuple(int(d) for d in shape), dtype))
+            raise LoadFailed(component, f"{kind} {name} has dtype {qnn_dtype}: unsupported")
+        infos.append(TensorInfo(name, shape, dtype))
     return tuple(infos)
 
 
@@ -251,12 +323,21 @@ class NullLoader:
 
 
 class NullWorkerSession:
-    """A ``NullSession`` behind the list-in/list-out worker interface."""
+    """A ``NullSession`` behind the worker interface, copying like qai_appbuilder does.
+
+    Per call the library copies every input into its tensor's client buffer and returns every
+    output in a fresh allocation; the benchmark counts both.
+    """
 
     def __init__(self, session) -> None:
         self.component = session.name
         self.inputs = session.inputs
         self.outputs = session.outputs
+        self._clients = [
+            np.empty(int(np.prod(i.shape, dtype=np.int64)) * np.dtype(NUMPY_DTYPES[i.dtype])
+                     .itemsize, np.uint8)
+            for i in self.inputs
+        ]
         self._out = [
             np.zeros(o.shape, NUMPY_DTYPES[o.dtype]) for o in self.outputs
         ]
@@ -264,7 +345,11 @@ class NullWorkerSession:
     def infer(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         if len(arrays) != len(self.inputs):
             raise InferenceFailed(self.component, f"got {len(arrays)} inputs")
-        return list(self._out)
+        for client, array in zip(self._clients, arrays):
+            raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            client[: raw.size] = raw[: client.size]  # memcpy into the client buffer
+        return [out.copy() for out in self._out]  # malloc + memcpy of every output
 
     def release(self) -> None:
         self._out = []
+        self._clients = []

@@ -29,7 +29,7 @@ OP_STOP = 6  # release the perf vote and the contexts, reply, exit
 # replies
 ST_OK = 1
 ST_ERROR = 2  # payload: "<session>\0<message>" (utf-8)
-ST_READY = 3  # payload: pickled {component: (inputs, outputs)}
+ST_READY = 3  # payload: pickled ({component: (inputs, outputs)}, {"load_s", "peak_rss_mib"})
 ST_LOAD_FAILED = 4  # payload: "<session>\0<message>"
 
 OP_NAMES = {
@@ -64,6 +64,13 @@ class WorkerSpec:
     log_level: str = "ERROR"
     perf_profile: str = "BURST"
     lifeline_grace_s: float = 2.0
+    #: on STOP: release every context after the perf vote (off: ``os._exit`` right after the
+    #: vote is released, like the reference bring-up, dodging the teardown crash)
+    release_on_exit: bool = False
+    #: the worker's environment from exec on (``LD_LIBRARY_PATH`` is read at process start):
+    #: qnn_libs is prepended to LD_LIBRARY_PATH, dsp_libs becomes ADSP_LIBRARY_PATH
+    qnn_libs: str = ""
+    dsp_libs: str = ""
 
     @property
     def components(self) -> tuple[str, ...]:

@@ -1,14 +1,17 @@
-"""Worker process supervision: spawn, stop, kill and reap the resident workers; signal hooks."""
+"""Worker process supervision: spawn, stop, kill and reap the resident workers; signal hooks.
+
+Workers are started through ``spawn.py`` (one long-lived spawner thread, see there). Every
+exit status and signal of a worker is logged (logger ``molmoact2_ros.runtime``).
+"""
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
-import types
 import weakref
 from collections.abc import Callable
 from multiprocessing import reduction
@@ -29,7 +32,11 @@ from .protocol import (
     request,
     split_error,
 )
+from .spawn import PARENT_MAIN_HIDDEN, SPAWNER, worker_environment
 from .worker import worker_main
+
+LOG = logging.getLogger("molmoact2_ros.runtime")
+LOAD_ORDERS = ("parallel", "sequential")
 
 
 class Closable(Protocol):
@@ -48,31 +55,6 @@ def describe_exit(code: int | None) -> str:
     return f"exited with status {code}"
 
 
-class _HideParentMain:
-    """While starting a worker, hide ``__main__`` so the spawned child does not re-run it.
-
-    ``spawn`` re-imports the parent's main script in the child; a launcher without an
-    ``if __name__ == "__main__"`` guard would then run the whole program again in every
-    worker. Workers need nothing from ``__main__``, so they get an empty stand-in.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-
-    def __enter__(self) -> None:
-        self._lock.acquire()
-        self._main = sys.modules.get("__main__")
-        sys.modules["__main__"] = types.ModuleType("__main__")
-
-    def __exit__(self, *exc: object) -> None:
-        if self._main is not None:
-            sys.modules["__main__"] = self._main
-        self._lock.release()
-
-
-_PARENT_MAIN_HIDDEN = _HideParentMain()
-
-
 class WorkerHandle:
     """Parent-side handle of one worker process."""
 
@@ -84,8 +66,11 @@ class WorkerHandle:
         self.conn = None
         self.lifeline = None
         self.declared: dict = {}
+        self.stats: dict = {}
         self.healthy = False
         self.seq = 0
+        self.stop_answered = False
+        self._exit_logged = False
 
     def start(self, mp: multiprocessing.context.SpawnContext) -> None:
         parent, child = mp.Pipe(duplex=True)
@@ -97,9 +82,14 @@ class WorkerHandle:
             name=f"molmoact2-{self.name}",
             daemon=True,
         )
+        process, spec = self.process, self.spec
+
+        def start() -> None:
+            with PARENT_MAIN_HIDDEN, worker_environment(spec):
+                process.start()
+
         try:
-            with _PARENT_MAIN_HIDDEN:
-                self.process.start()
+            SPAWNER.run(start)
         finally:
             child.close()
             life_r.close()
@@ -115,7 +105,31 @@ class WorkerHandle:
         if self.process is None:
             return "never started"
         self.process.join(wait_s)
+        self.log_exit()
         return describe_exit(self.process.exitcode)
+
+    def log_exit(self) -> None:
+        """Log this worker's exit status or signal once, as soon as it is known."""
+        process = self.process
+        if self._exit_logged or process is None or process.exitcode is None:
+            return
+        self._exit_logged = True
+        code = process.exitcode
+        level = logging.INFO if code == 0 else logging.WARNING
+        answered = "answered stop, then " if self.stop_answered else ""
+        LOG.log(level, "worker %s (sessions %s, pid %s) %s%s", self.name, self.sessions_label(),
+                process.pid, answered, describe_exit(code))
+
+    @property
+    def context_bytes(self) -> int:
+        """Total size of this worker's context files (the sequential load order's key)."""
+        total = 0
+        for session in self.spec.sessions:
+            try:
+                total += os.path.getsize(session.path)
+            except OSError:
+                pass
+        return total
 
     def kill(self) -> None:
         if self.process is not None and self.process.exitcode is None:
@@ -208,6 +222,7 @@ class WorkerHandle:
             if self.process.exitcode is None:
                 self.process.kill()
                 self.process.join(5.0)
+            self.log_exit()
             if self.process.exitcode is not None:
                 self.process.close()
             self.process = None
@@ -219,9 +234,33 @@ class WorkerHandle:
 
 
 def start_workers(
+    workers: list[WorkerHandle],
+    mp: multiprocessing.context.SpawnContext,
+    timeout_s: float,
+    load_order: str = "parallel",
+) -> None:
+    """Spawn ``workers`` and collect the sessions each declares once loaded.
+
+    ``parallel`` starts them all at once; ``sequential`` starts the largest context first and
+    the next one when the previous is ready (lower peak host memory and DSP load pressure).
+    Each worker's load time and peak RSS land in ``worker.stats``.
+    """
+    if load_order not in LOAD_ORDERS:
+        raise RuntimeBackendError(f"load_order must be one of {LOAD_ORDERS}, got {load_order!r}")
+    if load_order == "sequential":
+        for worker in sorted(workers, key=lambda w: -w.context_bytes):
+            _start_and_wait([worker], mp, timeout_s)
+    else:
+        _start_and_wait(workers, mp, timeout_s)
+    for worker in workers:
+        LOG.info("worker %s (%s) loaded in %.2f s, peak RSS %.1f MiB", worker.name,
+                 worker.sessions_label(), worker.stats.get("load_s", float("nan")),
+                 worker.stats.get("peak_rss_mib", float("nan")))
+
+
+def _start_and_wait(
     workers: list[WorkerHandle], mp: multiprocessing.context.SpawnContext, timeout_s: float
 ) -> None:
-    """Spawn ``workers`` in parallel and collect the sessions each declares once loaded."""
     for worker in workers:
         worker.start(mp)
     deadline = time.monotonic() + timeout_s
@@ -263,7 +302,9 @@ def _collect_ready(worker: WorkerHandle) -> None:
         )
     if status != ST_READY:
         raise worker.failure(f"worker {worker.name} answered {status} instead of ready")
-    worker.declared = dict(loads(payload))  # type: ignore[call-overload]
+    declared, stats = loads(payload)  # type: ignore[misc]
+    worker.declared = dict(declared)
+    worker.stats = dict(stats)
     worker.healthy = True
 
 
@@ -279,11 +320,15 @@ class Resources:
         asked = [w for w in workers if w.send_stop()]
         deadline = time.monotonic() + self.stop_timeout_s
         for worker in asked:
-            if worker.conn is not None and worker.conn.poll(max(0.0, deadline - time.monotonic())):
+            conn = worker.conn
+            while conn is not None and conn.poll(max(0.0, deadline - time.monotonic())):
                 try:
-                    worker.conn.recv_bytes()
+                    frame = conn.recv_bytes()
                 except (EOFError, OSError):
-                    pass
+                    break
+                if REPLY.unpack_from(frame)[1] == worker.seq:  # not a late answer of a call
+                    worker.stop_answered = True
+                    break
         for worker in workers:
             worker.finish(deadline)
 

@@ -2,14 +2,22 @@
 
 ``worker_main`` is the ``multiprocessing`` (spawn) target. It runs the same code whatever the
 session loader is (``qnn`` on the IQ-9075, ``null`` for the host-overhead benchmark). The
-worker exits by itself when the orchestrator goes away: EOF on its control socket when idle,
-and a lifeline watchdog thread when busy or hung (``PR_SET_PDEATHSIG`` is not used: it fires
-when the *thread* that spawned the worker exits, which a background reload thread does).
+worker dies with the orchestrator in every state: ``PR_SET_PDEATHSIG`` = SIGKILL (which also
+ends a SIGSTOPped worker; the supervisor spawns every worker from one long-lived thread,
+because the signal fires when the *thread* that forked the worker exits), EOF on its control
+socket when idle, and a lifeline watchdog thread when busy or hung.
+
+STOP is answered before anything is torn down, so a teardown crash cannot hide the answer;
+then the perf vote is released and, only with ``release_on_exit``, every context, and the
+process ends with ``os._exit``.
 """
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing
 import os
+import resource
 import signal
 import struct
 import sys
@@ -49,20 +57,51 @@ from .session import NUMPY_DTYPES, TensorInfo, cast_feeds
 EXIT_OK = 0
 EXIT_LOAD_FAILED = 3
 EXIT_ORPHANED = 70
+PR_SET_PDEATHSIG = 1
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set (VmHWM: ru_maxrss would include the parent's at fork)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when the thread that spawned it ends (Linux ``prctl``)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        print(f"molmoact2 worker: prctl(PR_SET_PDEATHSIG) failed: errno {ctypes.get_errno()}",
+              file=sys.stderr)
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        os._exit(EXIT_ORPHANED)  # the orchestrator died before prctl took effect
 
 
 def worker_main(spec: WorkerSpec, conn: Connection, lifeline: Connection) -> None:
     """Process entry point; never returns (``os._exit`` dodges the known teardown crash)."""
+    die_with_parent()
     # Ctrl-C reaches the whole process group; the orchestrator decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watch_lifeline(lifeline, spec.lifeline_grace_s)
     code = EXIT_OK
+    server = None
     try:
-        code = _Server(spec, conn).serve()
+        # keep ``server`` referenced until os._exit: dropping it would destroy every context
+        # through refcounting (ModelDestroy), which release_on_exit=False must avoid
+        server = _Server(spec, conn)
+        code = server.serve()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(code)
+        os._exit(code if server is not None else EXIT_LOAD_FAILED)
 
 
 def _watch_lifeline(lifeline: Connection, grace_s: float) -> None:
@@ -154,6 +193,7 @@ class _Server:
 
     # -- life cycle --------------------------------------------------------------------------
     def start(self) -> bool:
+        start = time.perf_counter()
         try:
             self.loader = make_loader(self.spec)
             for session_spec in self.spec.sessions:
@@ -169,16 +209,25 @@ class _Server:
             self._send(reply(ST_LOAD_FAILED, 0, error_payload(self.current, message)))
             return False
         declared = {c: (s.inputs, s.outputs) for c, s in self.sessions.items()}
-        self._send(reply(ST_READY, 0, dumps(declared)))
+        stats = {
+            "load_s": time.perf_counter() - start,
+            "peak_rss_mib": peak_rss_mib(),
+            "fixed_point": {
+                c: getattr(s, "fixed_point", ()) for c, s in self.sessions.items()
+            },
+        }
+        self._send(reply(ST_READY, 0, dumps((declared, stats))))
         return True
 
-    def shutdown(self) -> None:
-        """Release the perf vote, then every context (the documented order)."""
+    def shutdown(self, release_contexts: bool = True) -> None:
+        """Release the perf vote, then (if asked) every context: the documented order."""
         if self.loader is not None:
             try:
                 self.loader.shutdown()
             except Exception as exc:
                 print(f"molmoact2 worker {self.spec.worker}: perf release: {exc}", file=sys.stderr)
+        if not release_contexts:
+            return  # os._exit follows; the driver frees the DSP sessions with the process
         for session in self.sessions.values():
             try:
                 session.release()
@@ -194,12 +243,12 @@ class _Server:
             try:
                 frame = self.conn.recv_bytes()
             except (EOFError, OSError):  # the orchestrator is gone
-                self.shutdown()
+                self.shutdown(release_contexts=self.spec.release_on_exit)
                 return EXIT_OK
             op, seq, arg = REQUEST.unpack_from(frame)
             if op == OP_STOP:
-                self.shutdown()
-                self._send(reply(ST_OK, seq))
+                self._send(reply(ST_OK, seq))  # first: a teardown crash cannot hide it
+                self.shutdown(release_contexts=self.spec.release_on_exit)
                 return EXIT_OK
             try:
                 answer = reply(ST_OK, seq, self.handle(op, arg, frame[REQUEST.size :]))

@@ -8,17 +8,32 @@ with onnxruntime. Behaviour mirrored from the qai_appbuilder 2.51.40 C++ sources
 * a duplicate ``model_name`` fails to register, and the object then answers for the model
   that already holds that name;
 * a missing backend/system library ends the process (``exitWithMessage`` → ``exit(1)``);
-* ``Inference`` returns ``[]`` on a wrong input count, a wrong byte size or a bad graph index;
+* ``Inference`` returns ``[]`` on a wrong input count or a bad graph index, but does **not**
+  check input sizes: every input is copied into the tensor's own client buffer for the
+  tensor's byte size, so a short buffer leaves stale bytes and a long one is cut (the real
+  library reads out of bounds); only the caller's guard protects against that;
+* per call, every input is copied into its persistent client buffer and every output is a
+  fresh allocation (``STATE["input_copy_bytes"]``, ``STATE["output_alloc_bytes"]`` count them);
 * native inputs are only byte-copied (a wrong dtype of the right size gives garbage);
-* native outputs are flat and labelled by bytes per element (int32 → "float32", ...);
+* native outputs are flat and labelled like ``inferOutputNumpyDtype``: by bytes per element
+  (int32 → "float32", uint16/ufp16 → "float16"), 1 byte → int8/bool/uint8 and 8 bytes →
+  int64/float64/uint64 by the reported type;
+* fixed-point tensors (``ufp16``/``ufp8``/``sfp16``/``sfp8``: ``quant`` in the context header)
+  carry a scale and offset (``float = (q + offset) * scale``) that no getter exposes; float
+  mode quantizes inputs and dequantizes outputs with them, native mode passes raw codes;
 * float mode casts inputs to float32 and outputs back to float32;
-* ``set_perf_profile`` refuses until a model is initialised in the process.
+* ``set_perf_profile`` refuses until a model is initialised in the process, and
+  ``rel_perf_profile`` refuses when no vote was set.
 
 Failure injection (for the runtime tests), by graph name, from the environment at call time
 or from marker files: ``FAKE_QAI_CRASH``, ``FAKE_QAI_HANG``, ``FAKE_QAI_FAIL_LOAD``,
-``FAKE_QAI_FAIL_INFERENCE`` hold comma-separated graph names; with ``FAKE_QAI_CONTROL_DIR``
-set, a file ``<dir>/<graph>.crash`` (``.hang``, ``.fail_load``, ``.fail_inference``) does
-the same for already running workers. A crash is a real SIGSEGV (core dumps disabled).
+``FAKE_QAI_FAIL_INFERENCE`` (also ``CRASH_LOAD``, ``HANG_LOAD``, ``CRASH_RELEASE``: during the
+context load, or in ``ModelDestroy`` like the known teardown segfault) hold comma-separated
+graph names; with ``FAKE_QAI_CONTROL_DIR`` set, a file ``<dir>/<graph>.crash`` (``.hang``,
+``.fail_load``, ``.fail_inference``, ``.crash_load``, ...) does the same for already running
+workers. A crash is a real SIGSEGV (core dumps disabled). With ``FAKE_QAI_EVENT_LOG`` set,
+every load, perf vote/release and context destroy appends a line ``<pid> <time> <event>``
+to that file (the runtime tests read the order of events across processes).
 """
 
 from __future__ import annotations
@@ -31,6 +46,11 @@ import time
 
 import numpy as np
 
+try:  # the real ONNX Runtime, taken before the package replaces sys.modules["onnxruntime"]
+    import onnxruntime as _REAL_ONNXRUNTIME
+except ImportError:  # pragma: no cover - the fake needs it to run graphs
+    _REAL_ONNXRUNTIME = None
+
 MAGIC = b"MOLMOACT2-FAKE-QNN-CONTEXT/1\n"
 
 _MODELS: dict[str, _Engine] = {}
@@ -40,6 +60,8 @@ STATE: dict[str, object] = {
     "perf_profile": None,
     "perf_votes": 0,
     "perf_releases": 0,
+    "input_copy_bytes": 0,
+    "output_alloc_bytes": 0,
 }
 
 _ONNX_TO_NATIVE = {
@@ -48,17 +70,39 @@ _ONNX_TO_NATIVE = {
 }
 _NUMPY = {
     "float32": np.float32, "float16": np.float16, "int32": np.int32, "uint8": np.uint8,
-    "bool_": np.bool_,
+    "bool_": np.bool_, "int64": np.int64, "int8": np.int8,
+    "ufp16": np.uint16, "ufp8": np.uint8, "sfp16": np.int16, "sfp8": np.int8,
 }
+_FIXED_POINT = {"ufp16", "ufp8", "sfp16", "sfp8"}
 _ONNX_NUMPY = {
     "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int32)": np.int32,
     "tensor(int64)": np.int64, "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_,
 }
-_LABEL_BY_ITEMSIZE = {4: np.float32, 2: np.float16, 1: np.uint8, 8: np.float64}
+
+
+def output_label(itemsize: int, reported: str) -> np.dtype:
+    """``inferOutputNumpyDtype`` of the pybind layer: the numpy dtype a native output gets."""
+    t = reported.lower()
+    if itemsize == 4:
+        return np.dtype(np.float32)
+    if itemsize == 2:
+        return np.dtype(np.float16)
+    if itemsize == 1:
+        return np.dtype(np.int8 if t == "int8" else np.bool_ if t in ("bool", "bool_") else
+                        np.uint8)
+    by_name = {"float64": np.float64, "int64": np.int64, "uint64": np.uint64}
+    return np.dtype(by_name.get(t, np.uint8))
 
 
 def _log(message: str) -> None:
     print(f"[fake qai_appbuilder] {message}", file=sys.stderr, flush=True)
+
+
+def _event(text: str) -> None:
+    path = os.environ.get("FAKE_QAI_EVENT_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{os.getpid()} {time.time():.6f} {text}\n")
 
 
 def set_log_level(log_level: int, log_path: str) -> None:
@@ -75,6 +119,7 @@ def set_perf_profile(perf_profile: str) -> bool:
         return False
     STATE["perf_profile"] = perf_profile
     STATE["perf_votes"] = int(STATE["perf_votes"]) + 1  # type: ignore[call-overload]
+    _event(f"perf_set {perf_profile}")
     return True
 
 
@@ -82,8 +127,12 @@ def rel_perf_profile() -> bool:
     if not _MODELS:
         _log("RelPerfProfileGlobal::initialize one model before release perf profile!")
         return False
+    if STATE["perf_profile"] is None:
+        _log("RelPerfProfileGlobal::no perf profile was set, nothing to release")
+        return False
     STATE["perf_profile"] = None
     STATE["perf_releases"] = int(STATE["perf_releases"]) + 1  # type: ignore[call-overload]
+    _event("perf_release")
     return True
 
 
@@ -97,22 +146,51 @@ def injected(kind: str, graph: str) -> bool:
 
 
 class _Tensor:
-    def __init__(self, name: str, shape: list[int], onnx_type: str, float_io: str) -> None:
+    def __init__(self, name: str, shape: list[int], onnx_type: str, float_io: str,
+                 quant: dict | None = None) -> None:
         self.name = name
         self.shape = shape
         native = _ONNX_TO_NATIVE.get(onnx_type)
         if native is None:
             raise ValueError(f"tensor {name}: ONNX type {onnx_type} has no HTP native type")
         self.dtype = float_io if native == "float" else native
+        self.scale, self.offset = 1.0, 0
+        if quant is not None and native == "float":
+            self.dtype = str(quant["dtype"])
+            self.scale, self.offset = float(quant["scale"]), int(quant["offset"])
         self.np_dtype = np.dtype(_NUMPY[self.dtype])
         self.onnx_dtype = np.dtype(_ONNX_NUMPY[onnx_type])
         self.size = int(np.prod(shape, dtype=np.int64))
         self.nbytes = self.size * self.np_dtype.itemsize
+        self.client = np.zeros(self.nbytes, np.uint8)  # the persistent QNN client buffer
+
+    @property
+    def fixed_point(self) -> bool:
+        return self.dtype in _FIXED_POINT
+
+    def quantize(self, values: np.ndarray) -> np.ndarray:
+        """``floatToTfN``: codes = round(x / scale - offset), clamped to the type's range."""
+        info = np.iinfo(self.np_dtype)
+        codes = np.rint(values.astype(np.float64) / self.scale - self.offset)
+        return np.clip(codes, info.min, info.max).astype(self.np_dtype)
+
+    def dequantize(self, codes: np.ndarray) -> np.ndarray:
+        """``tfNToFloat``: x = (codes + offset) * scale."""
+        return ((codes.astype(np.float64) + self.offset) * self.scale).astype(np.float32)
+
+    def fill(self, data: np.ndarray) -> np.ndarray:
+        """memcpy of the tensor's byte size into its client buffer; no size check."""
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        count = min(raw.size, self.nbytes)
+        self.client[:count] = raw[:count]
+        STATE["input_copy_bytes"] = int(STATE["input_copy_bytes"]) + self.nbytes  # type: ignore[call-overload]
+        return self.client.view(self.np_dtype)
 
 
 class _Graph:
-    def __init__(self, name: str, onnx_bytes: bytes, float_io: str) -> None:
-        import onnxruntime as ort
+    def __init__(self, name: str, onnx_bytes: bytes, float_io: str,
+                 quant: dict | None = None) -> None:
+        ort = _REAL_ONNXRUNTIME
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
@@ -123,9 +201,12 @@ class _Graph:
             onnx_bytes, sess_options=options, providers=["CPUExecutionProvider"]
         )
 
+        quant = quant or {}
+
         def tensors(args):
             shapes = [[d if isinstance(d, int) else -1 for d in a.shape] for a in args]
-            return [_Tensor(a.name, s, a.type, float_io) for a, s in zip(args, shapes)]
+            return [_Tensor(a.name, s, a.type, float_io, quant.get(a.name))
+                    for a, s in zip(args, shapes)]
 
         self.inputs = tensors(self.session.get_inputs())
         self.outputs = tensors(self.session.get_outputs())
@@ -158,15 +239,19 @@ def _load(model_path: str, device_id: int, enable_graphs: list[str]) -> _Engine 
     for entry in header["graphs"]:
         if enable_graphs and entry["name"] not in enable_graphs:
             continue
+        _event(f"load_start {entry['name']}")
+        _maybe_fail(entry["name"], "_load")
         if injected("fail_load", entry["name"]):
             _log(f"Context create from binary failed for {entry['name']}: err 1002 (injected)")
             return None
         onnx_bytes = payload[entry["offset"] : entry["offset"] + entry["size"]]
         try:
-            graphs.append(_Graph(entry["name"], onnx_bytes, header.get("float_io", "float16")))
+            graphs.append(_Graph(entry["name"], onnx_bytes, header.get("float_io", "float16"),
+                                 entry.get("quant")))
         except Exception as exc:
             _log(f"Could not create context from binary {model_path}: {exc}")
             return None
+        _event(f"load_end {entry['name']}")
     return _Engine(graphs) if graphs else None
 
 
@@ -247,38 +332,43 @@ class QNNContext:
         feeds = {}
         for array, tensor in zip(inputs, graph.inputs):
             if input_data_type == "native":
-                array = np.ascontiguousarray(array).reshape(-1)
-                if array.nbytes != tensor.nbytes:
-                    _log(f"input {tensor.name}: {array.nbytes} bytes, the tensor has "
-                         f"{tensor.nbytes}")
-                    return []
-                raw = array.view(np.uint8).view(tensor.np_dtype)
-            else:
-                array = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
-                if array.size != tensor.size:
-                    _log(f"input {tensor.name}: {array.size} elements, expected {tensor.size}")
-                    return []
-                raw = array.astype(tensor.np_dtype)
-            feeds[tensor.name] = raw.reshape(tensor.shape).astype(tensor.onnx_dtype)
+                raw = tensor.fill(array)
+            else:  # copyFromFloatToNative: force-cast to float32, convert per tensor type
+                values = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+                codes = (tensor.quantize(values) if tensor.fixed_point
+                         else values.astype(tensor.np_dtype))
+                raw = tensor.fill(codes)
+            value = tensor.dequantize(raw) if tensor.fixed_point else raw
+            feeds[tensor.name] = value.reshape(tensor.shape).astype(tensor.onnx_dtype)
         results = graph.session.run([t.name for t in graph.outputs], feeds)
         outputs = []
         for result, tensor in zip(results, graph.outputs):
-            native = np.ascontiguousarray(np.asarray(result).astype(tensor.np_dtype)).reshape(-1)
+            values = np.asarray(result).reshape(-1)
+            native = tensor.quantize(values) if tensor.fixed_point else values.astype(
+                tensor.np_dtype)
             if output_data_type == "native":
-                label = _LABEL_BY_ITEMSIZE[native.dtype.itemsize]
-                outputs.append(native.view(label) if native.dtype != label else native)
+                out = np.empty(tensor.nbytes, np.uint8)  # malloc per output per call
+                out[...] = native.view(np.uint8)
+                out = out.view(output_label(tensor.np_dtype.itemsize, tensor.dtype))
             else:
-                outputs.append(native.astype(np.float32))
+                out = tensor.dequantize(native) if tensor.fixed_point else native.astype(
+                    np.float32)
+            STATE["output_alloc_bytes"] = int(STATE["output_alloc_bytes"]) + out.nbytes  # type: ignore[call-overload]
+            outputs.append(out)
         return outputs
 
     def __del__(self) -> None:
         if getattr(self, "_owner", False) and getattr(self, "_pid", None) == os.getpid():
-            _MODELS.pop(self._name, None)  # ModelDestroyEx
+            engine = _MODELS.pop(self._name, None)  # ModelDestroyEx
+            for graph in engine.graphs if engine else ():
+                _event(f"destroy {graph.name}")
+                _maybe_fail(graph.name, "_release")
 
 
-def _maybe_fail(graph: str) -> None:
-    if injected("crash", graph):
-        _log(f"simulating a segfault in graphExecute of {graph}")
+def _maybe_fail(graph: str, stage: str = "") -> None:
+    """Crash or hang if asked for this graph at this stage ("" = graphExecute)."""
+    if injected("crash" + stage, graph):
+        _log(f"simulating a segfault in {stage[1:] or 'graphExecute'} of {graph}")
         try:
             import resource
 
@@ -288,7 +378,7 @@ def _maybe_fail(graph: str) -> None:
         os.kill(os.getpid(), signal.SIGSEGV)
         time.sleep(5)
         os._exit(139)
-    if injected("hang", graph):
-        _log(f"simulating a hung graphExecute of {graph}")
+    if injected("hang" + stage, graph):
+        _log(f"simulating a hung {stage[1:] or 'graphExecute'} of {graph}")
         while True:
             time.sleep(3600)

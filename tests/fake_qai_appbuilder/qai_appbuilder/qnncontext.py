@@ -134,6 +134,8 @@ class QNNConfig:
             raise ValueError(f"system library does not exist: {g_system_lib_path}")
         LogLevel.SetLogLevel(log_level, log_path)
         ProfilingLevel.SetProfilingLevel(profiling_level)
+        appbuilder._event(f"config ADSP_LIBRARY_PATH={os.environ.get('ADSP_LIBRARY_PATH', '')} "
+                          f"LD_LIBRARY_PATH={os.environ.get('LD_LIBRARY_PATH', '')}")
 
 
 class _QNNContextBase:
