@@ -87,3 +87,15 @@ def add_backend_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="onnx", choices=list(BACKENDS),
                    help="onnx: ONNX Runtime on this machine; htp: the resident qai_appbuilder "
                    "workers (with --appbuilder fake: the test fake)")
+
+
+def parse_suffix(text: str) -> tuple[str, str]:
+    """``GROUP=SUFFIX`` of ``--suffix`` (groups as in the ``context_suffix.*`` parameters)."""
+    from .variants import SUFFIX_GROUPS
+
+    group, sep, suffix = text.partition("=")
+    if not sep or group not in SUFFIX_GROUPS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: use GROUP=SUFFIX with GROUP one of {', '.join(SUFFIX_GROUPS)}"
+        )
+    return group, suffix

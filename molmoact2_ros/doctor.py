@@ -28,7 +28,7 @@ import numpy as np
 
 from .errors import MolmoActError
 from .runtime.libpaths import qnn_runtime_version
-from .variants import COMPONENTS, SUFFIX_GROUPS
+from .variants import COMPONENTS
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 TESTED_WHEEL = "2.51.40"
@@ -274,15 +274,27 @@ def run_checks(bundle_dir: Path, variant: str | None, suffixes: dict[str, str],
     checks += [check_qai(probe), check_qnn_runtime(probe), check_cdsprpc(),
                check_fastrpc_nodes(), check_library_paths(probe)]
     try:
-        from .bundle import Bundle, Suffixes
+        from .bundle import Bundle, Suffixes, resolve_bundles
 
-        bundle = Bundle.open(bundle_dir, variant)
+        found = resolve_bundles(bundle_dir, variant)
         chosen = Suffixes.from_mapping(suffixes)
     except MolmoActError as exc:
         return checks + [Check("bundle", FAIL, str(exc), "give a variant's bundle folder, or a "
-                               "root of variant folders with --variant")]
-    checks.append(Check("bundle", PASS, f"{bundle.root} ({bundle.variant.name})"))
-    checks.append(check_dsp_arch(bundle.variant.dsp_arch))
+                               "root of variant folders (optionally with --variant)")]
+    for name, folder in found:
+        try:
+            bundle = Bundle.open(folder, name)
+        except MolmoActError as exc:
+            checks.append(Check(f"bundle {name}", FAIL, str(exc), "fix or remove this folder"))
+            continue
+        checks += _bundle_checks(bundle, chosen, probe, timeout_s, repeats)
+    return checks
+
+
+def _bundle_checks(bundle, chosen, probe: dict, timeout_s: float, repeats: int) -> list[Check]:
+    """One variant's bundle: its files, then (with qai_appbuilder) loads, parity, latency."""
+    checks = [Check("bundle", PASS, f"{bundle.root} ({bundle.variant.name})"),
+              check_dsp_arch(bundle.variant.dsp_arch)]
     files = list(check_context_files(bundle, chosen))
     checks += files
     if "error" in probe:
@@ -292,15 +304,6 @@ def run_checks(bundle_dir: Path, variant: str | None, suffixes: dict[str, str],
     else:
         checks += list(check_pipeline(bundle, chosen, timeout_s, repeats))
     return checks
-
-
-def _suffix(text: str) -> tuple[str, str]:
-    group, sep, suffix = text.partition("=")
-    if not sep or group not in SUFFIX_GROUPS:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: use GROUP=SUFFIX with GROUP one of {', '.join(SUFFIX_GROUPS)}"
-        )
-    return group, suffix
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -319,14 +322,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     """Add ``molmoact2 doctor`` to the CLI."""
+    from .cli_args import parse_suffix
     from .variants import VARIANTS
 
     p = subparsers.add_parser("doctor", help="check this machine and a bundle for the HTP runtime")
     p.add_argument("bundle", help="a variant's bundle folder, or a root of variant folders "
-                   "with --variant")
+                   "(every variant found is checked)")
     p.add_argument("--variant", choices=list(VARIANTS),
-                   help="which variant (default: the folder's bundle.json)")
-    p.add_argument("--suffix", type=_suffix, action="append", metavar="GROUP=SUFFIX",
+                   help="check only this variant of a root")
+    p.add_argument("--suffix", type=parse_suffix, action="append", metavar="GROUP=SUFFIX",
                    help="context suffix per group (vision, llm, action), e.g. llm=_w4a16")
     p.add_argument("--timeout", type=float, default=60.0, help="deadline per call, seconds")
     p.add_argument("--repeats", type=int, default=5, help="chunks timed for the latency line")

@@ -11,18 +11,6 @@ from .progress import progress
 from .variants import COMPONENTS
 
 
-def parse_suffix(text: str) -> tuple[str, str]:
-    """``GROUP=SUFFIX`` of ``--suffix`` (groups as in ``context_suffix.*``)."""
-    from .variants import SUFFIX_GROUPS
-
-    group, sep, suffix = text.partition("=")
-    if not sep or group not in SUFFIX_GROUPS:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: use GROUP=SUFFIX with GROUP one of {', '.join(SUFFIX_GROUPS)}"
-        )
-    return group, suffix
-
-
 def cmd_parity(args: argparse.Namespace) -> int:
     from .bundle import Suffixes
     from .golden import TRACE_FILES, component_parity, e2e_parity, format_table
@@ -58,7 +46,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     """Add ``molmoact2 parity`` to the CLI."""
-    from .cli_args import add_backend_arg, add_bundle_args, float_in
+    from .cli_args import add_backend_arg, add_bundle_args, float_in, parse_suffix
     from .golden import DEFAULT_MIN_COSINE
 
     p = subparsers.add_parser(

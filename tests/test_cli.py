@@ -182,6 +182,18 @@ def test_doctor_resolves_a_root_and_says_does_not_exist(tiny_root, tmp_path, cap
     assert "does not exist" in capsys.readouterr().out
 
 
+def test_doctor_checks_every_variant_of_a_root(tiny_root, monkeypatch, capsys):
+    """Like parity: a root without --variant checks each variant's bundle, not one FAIL line."""
+    ensure_contexts(tiny_root)
+    monkeypatch.setenv("PYTHONPATH", "")  # no qai_appbuilder: loads are skipped, files checked
+    main(["doctor", str(tiny_root)])
+    out = capsys.readouterr().out
+    bundles = [ln for ln in out.splitlines() if ln[6:].startswith("bundle ")]
+    assert [ln.rstrip().rsplit("(", 1)[-1] for ln in bundles] == \
+        ["grid_sampler)", "lp_vtp_sd)", "fused)"], out
+    assert all(ln.startswith("PASS") for ln in bundles), out
+
+
 def test_bundle_parameters_from_a_root_or_one_variant_folder(tiny_root, tmp_path):
     """What replay --bundle-root and the launch file's bundle_root turn into parameters."""
     from molmoact2_ros.bundle import bundle_parameters
