@@ -26,7 +26,13 @@ setup(
         "replay": ["rosbags>=0.10,<0.12"],
         "export": ["safetensors>=0.4"],
         "htp": ["qai-appbuilder==2.51.40; platform_machine=='aarch64'"],
+        # OpenCV: SIMD float16 sums for the embedding (numpy's casts are scalar on x86) and
+        # the peer preprocessing pipeline in ``molmoact2 bench``; tqdm: bench progress.
+        "fast": ["opencv-python-headless>=4.10,<6"],
+        "bench": ["opencv-python-headless>=4.10,<6", "tqdm>=4.60"],
         "test": [
+            "opencv-python-headless>=4.10,<6",
+            "tqdm>=4.60",
             "onnxruntime>=1.17",
             "onnx>=1.15",
             "rosbags>=0.10,<0.12",
