@@ -122,7 +122,10 @@ def resize_levels(img: np.ndarray, out_h: int, out_w: int, flip: bool) -> np.nda
     p = plan(in_h, in_w, out_h, out_w, flip)
     n_rows, cols = p.rows.size, out_w * 3
     flat = np.ascontiguousarray(img).reshape(in_h, in_w * 3)
-    src = flat if n_rows == in_h else np.take(flat, p.rows, axis=0)
+    src = flat
+    if n_rows < in_h:  # downscaling skips rows: gather the ones read into scratch
+        src = scratch("src_rows", (n_rows, in_w * 3), np.uint8)
+        np.take(flat, p.rows, axis=0, out=src, mode="clip")
     # Width pass on [rows, out_w*3]: long inner loops, one-byte gathers, then float32.
     gathered = scratch("gathered", (n_rows, cols), np.uint8)
     rows = scratch("rows", (n_rows, cols), np.float32)
