@@ -279,7 +279,12 @@ def _rss_child(folder: str, chunks: int) -> None:
         workers = list(policy.pipeline.worker_pids().values())
     finally:
         controller.shutdown()
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    # VmHWM, the high-water mark of this process's own memory map: ru_maxrss would carry the
+    # launching process's RSS across fork + exec.
+    status = Path("/proc/self/status").read_text().splitlines()
+    peak_kib = next((int(x.split()[1]) for x in status if x.startswith("VmHWM:")), None)
+    peak_mib = (peak_kib / 1024.0 if peak_kib is not None
+                else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
     print(json.dumps({"peak_rss_mib": peak_mib, "workers": len(workers),
                       "published": controller.counts["published"]}))
 
