@@ -31,17 +31,23 @@ def stats(values: Sequence[float]) -> dict[str, float]:
 
 
 def interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 3) -> dict:
-    """Time several callables in turns (alternating order), so load changes hit them alike."""
+    """Time several callables in turns (alternating order), so load changes hit them alike.
+
+    Besides wall time, the CPU time of the whole process (all threads) per call: on a shared
+    machine it shows the work apart from the waiting for a core.
+    """
     names = list(fns)
     times: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     for i in range(repeats + warmup):
         order = names if i % 2 == 0 else names[::-1]
         for name in order:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             fns[name]()
             if i >= warmup:
                 times[name].append((time.perf_counter() - start) * 1e3)
-    return {n: stats(t) for n, t in times.items()}
+                cpu[name].append((time.process_time() - start_cpu) * 1e3)
+    return {n: {**stats(times[n]), "cpu_median": float(np.median(cpu[n]))} for n in names}
 
 
 # -- preprocessing ----------------------------------------------------------------------------
@@ -326,10 +332,12 @@ def bench_host(variant: str, repeats: int, chunks: int, progress=None) -> dict:
 
 def format_host(rows: dict) -> str:
     """The host rows as a table: timings with median/p95, the rest as one line each."""
-    lines = ["== host (null sessions)", f"{'stage':<32} {'median ms':>10} {'p95 ms':>10}"]
+    lines = ["== host (null sessions)",
+             f"{'stage':<32} {'median ms':>10} {'p95 ms':>10} {'CPU ms':>10}"]
     for name, row in rows.items():
         if "median" in row:
-            lines.append(f"{name:<32} {row['median']:>10.2f} {row['p95']:>10.2f}")
+            cpu = f" {row['cpu_median']:>10.2f}" if "cpu_median" in row else ""
+            lines.append(f"{name:<32} {row['median']:>10.2f} {row['p95']:>10.2f}{cpu}")
         elif "skipped" in row:
             lines.append(f"{name:<32} skipped: {row['skipped']}")
         elif "chunks_per_s" in row:
