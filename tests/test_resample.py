@@ -67,3 +67,15 @@ def test_preprocess_into_arena_dtypes_equals_reference(hw: tuple, flip: bool) ->
     out16 = np.full((1, 2, 729, 588), np.nan, np.float16)
     preprocess([primary, wrist], flip=flip, out=out16)
     np.testing.assert_array_equal(out16, expected.astype(np.float16))
+
+
+def test_preprocess_numpy_lookup_equals_reference(monkeypatch) -> None:
+    from molmoact2_ros.host import resample
+
+    monkeypatch.setattr(resample, "_cv2_lut", lambda: None)  # the path without OpenCV
+    primary, wrist = _rand(7, 256, 256), _rand(8, 480, 640)
+    expected = ref.pixel_values(primary, wrist)
+    for dtype in (np.float16, np.float32):
+        out = np.full((1, 2, 729, 588), np.nan, dtype)
+        preprocess([primary, wrist], out=out)
+        np.testing.assert_array_equal(out, expected.astype(dtype))

@@ -178,11 +178,40 @@ def patch_view(x: np.ndarray, patch: int) -> np.ndarray:
     return x.reshape(grid, patch, grid, patch, x.shape[2]).transpose(0, 2, 1, 3, 4)
 
 
+@lru_cache(maxsize=1)
+def _cv2_lut():
+    """OpenCV's ``LUT`` (SIMD, one byte per index read) if it is installed, else None."""
+    try:
+        import cv2
+    except ImportError:
+        return None
+    return cv2.LUT
+
+
 def normalise_into(levels: np.ndarray, patch: int, dst: np.ndarray) -> None:
     """Levels [S, S, 3] (uint8, or float32 holding integers) -> ``dst`` (contiguous float16 or
-    float32 [grid², p²·3]) as unit-range values in patch order: one reorder, one lookup."""
-    index = scratch("index", (dst.size,), np.intp)
+    float32 [grid², p²·3]) as unit-range values in patch order: one reorder, one lookup.
+
+    The lookup copies table entries bit for bit (float16 as uint16), so OpenCV's and numpy's
+    results are the same; OpenCV reads one byte per index where numpy's take reads eight.
+    """
     grid = levels.shape[0] // patch
+    table = unit_table(dst.dtype.str)
+    flat = dst.reshape(grid * grid, -1)
+    lut = _cv2_lut()
+    if lut is not None and flat.shape[1] <= 4096:
+        index8 = scratch("index8", flat.shape, np.uint8)
+        np.copyto(index8.reshape(grid, grid, patch, patch, 3), patch_view(levels, patch),
+                  casting="unsafe")
+        half = dst.dtype == np.float16  # as uint16: OpenCV builds without float16 LUTs
+        view = flat.view(np.uint16) if half else flat
+        try:
+            done = lut(index8, table.view(np.uint16) if half else table, dst=view) is view
+        except Exception:  # cv2.error: an OpenCV that cannot do this table type
+            done = False
+        if done:
+            return
+    index = scratch("index", (dst.size,), np.intp)
     np.copyto(index.reshape(grid, grid, patch, patch, 3), patch_view(levels, patch),
               casting="unsafe")
-    np.take(unit_table(dst.dtype.str), index, out=dst.reshape(-1), mode="clip")
+    np.take(table, index, out=dst.reshape(-1), mode="clip")
