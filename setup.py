@@ -32,7 +32,11 @@ setup(
         "htp": ["qai-appbuilder==2.51.40; platform_machine=='aarch64'"],
         # replay reports and the closed-loop plot
         "plot": ["matplotlib>=3.5"],
+        # OpenCV: SIMD float16 sums for the embedding (numpy's casts are scalar on x86) and
+        # the peer preprocessing pipeline in ``molmoact2 bench``
+        "fast": ["opencv-python-headless>=4.10,<6"],
         "test": [
+            "opencv-python-headless>=4.10,<6",
             "onnxruntime>=1.17",
             "onnx>=1.15",
             "rosbags>=0.10,<0.12",

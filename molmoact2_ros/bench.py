@@ -1,18 +1,20 @@
-"""``molmoact2 bench``: host overhead of the resident runtime vs a naive orchestrator, one run.
+"""``molmoact2 bench``: the host's critical path, measured side by side in one run.
 
-Both designs run null sessions (no compute, outputs of the real MolmoAct2 tensor sizes, fp16
-like the HTP), so what is timed is everything but the NPU:
+Runtime rows (per variant) run null sessions (no compute, outputs of the real MolmoAct2 tensor
+sizes, fp16 like the HTP), so what is timed is everything but the NPU:
 
 (a) resident: the real worker code (``runtime/worker.py``) with the null session loader, the
     shared-memory arena and 9-byte control frames; the Euler loop runs in the action worker.
 (b) naive: one process per session group too, but every call pickles its float32 feeds
     through a pipe, the worker converts them to fp16 and its outputs back to float32, and the
     orchestrator makes a round trip per Euler step (k_ctx/v_ctx go out every step).
+(floor) a plain copy of every byte the runtime must move per chunk: each session call's input
+    copy and output copy in the library plus the copy of its outputs into the arena.
 
-Host stages both designs share (two 256×256 frames through ``host.images.preprocess``, the
-prompt embedding into the fp16 arena) are timed separately. Each stage runs in its own loop:
-interleaving them (as the policy does) adds cache and scheduling effects of this machine to
-whichever stage follows.
+Host rows (``bench_host``): preprocessing against a peer OpenCV pipeline on the same frames,
+the prompt embedding per variant, the controller's own overhead, replay throughput and the
+peak RSS of a process running the controller on the resident runtime. Each comparison runs in
+the same loop, in turns; a verdict per target closes the report.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import json
 import multiprocessing
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,6 +42,7 @@ TARGET_MS = {"lp_vtp_sd": 5.0, "grid_sampler": 10.0, "fused": 25.0}
 TARGET_RATIO = 10.0
 #: Host stages do not depend on the runtime design: a long run does not need more samples.
 HOST_REPEATS = 200
+FLOOR_REPEATS = 7
 
 
 def rss_mb(pid: int | None = None) -> float:
@@ -164,38 +168,65 @@ class NaivePipeline:
 
 
 # -- host stages ------------------------------------------------------------------------------
-def _host_stages(variant: VariantSpec, hidden: int, out_pixels: np.ndarray,
-                 out_hidden: np.ndarray) -> dict[str, Callable[[], object]]:
-    """Callables for the host work every design does: preprocess, prompt embedding."""
-    stages: dict[str, Callable[[], object]] = {}
-    rng = np.random.default_rng(0)
-    frames = [rng.integers(0, 256, (256, 256, 3), dtype=np.uint8) for _ in range(2)]
-    from .host.images import preprocess
+def _embed_stage(variant: VariantSpec, hidden: int, out_hidden: np.ndarray) -> Callable[[], object]:
+    """The prompt embedding of one chunk into the arena's hidden_states (fp16)."""
     from .host.prompt import PromptPlan
 
-    stages["preprocess"] = lambda: preprocess(
-        frames, size=variant.image_size, patch=variant.patch_size, out=out_pixels
-    )
+    rng = np.random.default_rng(0)
     seq, img = variant.seq_len, variant.image_tokens
+    per_cam = img // variant.num_cameras
+    # two <im_patch> runs as in the real prompt (<im_start> patches <im_end>, twice)
+    patches = np.concatenate([np.arange(1, 1 + per_cam), np.arange(3 + per_cam, 3 + 2 * per_cam)])
     plan = PromptPlan(  # a plan of the real sizes; its contents do not matter for timing
         instruction="bench",
         input_ids=np.zeros(seq, np.int64),
         valid=np.ones(seq, bool),
         is_image=np.zeros(seq, bool),
-        state_positions=np.arange(img + 2, img + 2 + variant.state_dim),
-        patch_positions=np.arange(1, img + 1),
-        base_embeddings=rng.standard_normal((seq, hidden)).astype(np.float32),
+        state_positions=np.arange(img + 5, img + 5 + variant.state_dim),
+        patch_positions=patches,
+        base_embeddings=rng.standard_normal((seq, hidden)).astype(np.float16).astype(np.float32),
         attention_bias=np.zeros((1, 1, seq, seq), np.float32),
         encoder_mask=np.ones((1, seq), np.float32),
         state_base_id=0,
         num_valid=seq,
         add_image_to_patch_embedding=True,
-        state_rows=rng.standard_normal((256, hidden)).astype(np.float32),
+        state_rows=rng.standard_normal((256, hidden)).astype(np.float16).astype(np.float32),
     )
     bins = np.arange(variant.state_dim)
-    feats = np.zeros((img, hidden), np.float16)
-    stages["embed"] = lambda: plan.embed(bins, feats, out=out_hidden)
-    return stages
+    feats = rng.standard_normal((img, hidden)).astype(np.float16)
+    return lambda: plan.embed(bins, feats, out=out_hidden)
+
+
+def floor_bytes(variant: VariantSpec, steps: int, euler_in_graph: bool = True) -> dict:
+    """Bytes the resident runtime must move per chunk: per session call the library's input
+    copy, its output copy, and the copy of the outputs into the arena."""
+    sessions = null_sessions(variant, euler_in_graph=euler_in_graph, dtype="float16")
+    calls = {c: 1 for c in sessions}
+    calls[ACTION_STEP] = steps
+    total = {"inputs": 0, "outputs": 0}
+    for component, session in sessions.items():
+        for group, infos in (("inputs", session.inputs), ("outputs", session.outputs)):
+            n = sum(int(np.prod(i.shape)) * np.dtype(NUMPY_DTYPES[i.dtype]).itemsize
+                    for i in infos)
+            total[group] += n * calls[component]
+    total["total"] = total["inputs"] + 2 * total["outputs"]
+    return total
+
+
+def _copy_timer(nbytes: int) -> Callable[[], object]:
+    """A plain numpy copy of ``nbytes`` (through 32 MiB buffers, beyond the caches)."""
+    block = min(nbytes, 32 << 20)
+    src = np.ones(block, np.uint8)
+    dst = np.zeros(block, np.uint8)
+    full, rest = divmod(nbytes, block)
+
+    def copy() -> None:
+        for _ in range(full):
+            np.copyto(dst, src)
+        if rest:
+            np.copyto(dst[:rest], src[:rest])
+
+    return copy
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -216,9 +247,9 @@ def bench_variant(
     try:
         pixels = resident.input_buffer("pixel_values")
         hidden = resident.input_buffer("hidden_states")
-        host = _host_stages(variant, hidden.shape[-1], pixels, hidden)
+        embed = _embed_stage(variant, hidden.shape[-1], hidden)
         repeats = min(chunks, HOST_REPEATS)
-        record["host"] = {name: _stats(_timed(fn, repeats)) for name, fn in host.items()}
+        record["host"] = {"embed": _stats(_timed(embed, repeats))}
         # preallocated: growing Python lists would show up as RSS growth in long runs
         stamps = np.zeros((chunks, 3), np.float64)
         warmup = min(3, chunks)
@@ -244,6 +275,12 @@ def bench_variant(
     record["resident"] = {
         "vision": _stats(ms[:, 0]), "llm+action": _stats(ms[:, 1]), "total": _stats(ms.sum(1))
     }
+    record["floor_bytes"] = floor_bytes(variant, steps, conventions.euler_in_graph)
+    copy = _copy_timer(record["floor_bytes"]["total"])
+    # hundreds of MB per chunk: a few copies give a stable median
+    record["floor"] = {"plain copy": _stats(_timed(copy, FLOOR_REPEATS, warmup=1))}
+    record["floor_ratio"] = record["resident"]["total"]["median"] / max(
+        record["floor"]["plain copy"]["median"], 1e-9)
 
     naive = NaivePipeline(variant, conventions)
     try:
@@ -291,9 +328,14 @@ def format_record(r: dict) -> str:
         f"{'stage':<32} {'median ms':>10} {'p95 ms':>10}",
     ]
     for group, title in (("host", "host"), ("resident", "(a) resident shm"),
-                         ("naive", "(b) naive pipes")):
+                         ("naive", "(b) naive pipes"), ("floor", "floor")):
         for stage, s in r[group].items():
             lines.append(f"{title + ' ' + stage:<32} {s['median']:>10.2f} {s['p95']:>10.2f}")
+    fb = r["floor_bytes"]
+    lines.append(
+        f"floor: {fb['total'] / 2**20:.1f} MiB per chunk (inputs {fb['inputs'] / 2**20:.1f} MiB "
+        f"+ outputs {fb['outputs'] / 2**20:.1f} MiB twice); (a)/floor {r['floor_ratio']:.2f}x"
+    )
     target = r.get("target_ms")
     verdict = "meets" if r["meets_target"] else "misses"
     lines.append(
@@ -311,23 +353,72 @@ def format_record(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _progress(total: int):
+    """A tqdm bar on stderr when tqdm is installed, else a no-op with the same two methods."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        class _Quiet:
+            def set_description(self, text: str) -> None:
+                pass
+
+            def update(self, n: int = 1) -> None:
+                pass
+
+            def close(self) -> None:
+                pass
+
+        return _Quiet()
+    return tqdm(total=total, file=sys.stderr, leave=False)
+
+
+def _load() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if getattr(args, "closed_loop", False):
         from .closed_loop import cmd_closed_loop
 
         return cmd_closed_loop(args)
-    records = []
+    from .bench_host import bench_host, format_host
+    from .bench_verdicts import format_verdicts, verdicts
+
+    names = args.variants or list(VARIANTS)
+    load_start = _load()
     print(f"molmoact2 bench on {platform.machine()} ({os.cpu_count()} CPUs), "
-          f"python {platform.python_version()}, numpy {np.__version__}")
-    for name in args.variants or list(VARIANTS):
-        record = bench_variant(VARIANTS[name], args.chunks, args.naive_chunks, args.steps)
-        records.append(record)
-        print(format_record(record), flush=True)
+          f"python {platform.python_version()}, numpy {np.__version__}; "
+          f"load average {load_start}", flush=True)
+    bar = _progress(len(names) + 5)
+    records = []
+    try:
+        host = bench_host(names[0] if "lp_vtp_sd" not in names else "lp_vtp_sd",
+                          min(args.chunks, HOST_REPEATS), args.chunks,
+                          progress=lambda label: (bar.set_description(label), bar.update()))
+        print(format_host(host), flush=True)
+        for name in names:
+            bar.set_description(f"runtime {name}")
+            record = bench_variant(VARIANTS[name], args.chunks, args.naive_chunks, args.steps)
+            records.append(record)
+            bar.update()
+            print(format_record(record), flush=True)
+    finally:
+        bar.close()
+    results = verdicts(host, records)
+    load_end = _load()
+    print(format_verdicts(results))
+    print(f"load average at the end {load_end}")
     if args.json:
         payload = {
             "machine": {"arch": platform.machine(), "cpus": os.cpu_count(),
-                        "python": platform.python_version(), "numpy": np.__version__},
+                        "python": platform.python_version(), "numpy": np.__version__,
+                        "load_start": load_start, "load_end": load_end},
+            "host": host,
             "variants": records,
+            "verdicts": results,
         }
         Path(args.json).write_text(json.dumps(payload, indent=2))
         print(f"wrote {args.json}")
@@ -337,14 +428,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     """Add ``molmoact2 bench`` to the CLI."""
     p = subparsers.add_parser(
-        "bench", help="host overhead: resident shared-memory runtime vs naive pipes (null sessions)"
+        "bench", help="the host's critical path: preprocessing, embedding, controller, replay, "
+        "runtime overhead vs its memory floor and a naive design (null sessions)"
     )
-    p.add_argument("--variants", nargs="*", choices=list(VARIANTS))
-    p.add_argument("--chunks", type=int, default=50, help="chunks through design (a); "
-                   "use e.g. 10000 to watch RSS over a long run")
+    p.add_argument("--variants", nargs="*", choices=list(VARIANTS),
+                   help="variants to bench (default: all)")
+    p.add_argument("--chunks", type=int, default=50, help="chunks through design (a) and "
+                   "replay; use e.g. 10000 to watch RSS over a long run")
     p.add_argument("--naive-chunks", type=int, default=3, help="chunks through design (b)")
     p.add_argument("--steps", type=int, help="flow steps (default: the variant's)")
-    p.add_argument("--json", help="write the results to this JSON file")
+    p.add_argument("--json", help="write every figure to this JSON file")
     from .closed_loop import add_arguments
 
     add_arguments(p)

@@ -1,21 +1,53 @@
-"""``molmoact2 bench`` runs both designs side by side and reports a ratio (no timing asserts)."""
+"""``molmoact2 bench`` runs every row side by side and prints verdicts (no timing asserts)."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
+
+from molmoact2_ros.bench import floor_bytes
 from molmoact2_ros.cli import main
+from molmoact2_ros.variants import VARIANTS
 
 
-def test_bench_prints_both_designs_and_a_ratio(tmp_path, capsys):
+def test_bench_prints_every_row_and_a_verdict_per_target(tmp_path, capsys):
     out_json = tmp_path / "bench.json"
     code = main(["bench", "--variants", "lp_vtp_sd", "--chunks", "3", "--naive-chunks", "1",
                  "--json", str(out_json)])
     assert code == 0
     out = capsys.readouterr().out
     assert "(a) resident shm total" in out and "(b) naive pipes total" in out
-    assert "(b)/(a) overhead ratio" in out and "RSS (a)" in out
-    record = json.loads(out_json.read_text())["variants"][0]
-    assert record["variant"] == "lp_vtp_sd" and record["ratio"] > 0
-    assert {"preprocess", "embed"} <= set(record["host"])
-    assert record["resident"]["total"]["n"] == 3
+    assert "(b)/(a) overhead ratio" in out and "RSS (a)" in out and "floor plain copy" in out
+    assert "== verdicts" in out and "controller overhead" in out
+    payload = json.loads(out_json.read_text())
+    record = payload["variants"][0]
+    assert record["variant"] == "lp_vtp_sd" and record["ratio"] > 0 and record["floor_ratio"] > 0
+    assert "embed" in record["host"] and record["resident"]["total"]["n"] == 3
+    host = payload["host"]
+    assert host["preprocess 256x256"]["n"] == 3 and host["preprocess 640x480"]["n"] == 3
+    assert host["controller overhead"]["n"] == 3
+    assert host["replay"]["chunks"] == 3 and not host["replay"]["drops"]
+    assert host["node process RSS"]["published"] == 3
+    try:
+        import rclpy  # noqa: F401
+    except ImportError:
+        assert host["node"] == {"skipped": "rclpy not available"}
+        assert "skipped: rclpy not available" in out
+    targets = [v["target"] for v in payload["verdicts"]]
+    assert len(targets) == len(set(targets)) == 11  # 4 preprocess, 3 per variant, 4 more
+    assert all(v["verdict"] in ("meets", "misses", "skipped") for v in payload["verdicts"])
+
+
+def test_floor_counts_each_call_input_once_and_outputs_twice():
+    v = VARIANTS["lp_vtp_sd"]
+    one, three = floor_bytes(v, 1), floor_bytes(v, 3)
+    # hidden state in and out of every split: [1, S, H] fp16, S = 130, H = 2560
+    hidden = 130 * 2560 * 2
+    assert one["total"] == one["inputs"] + 2 * one["outputs"]
+    assert one["inputs"] > 4 * hidden and one["outputs"] > 4 * hidden
+    # two more Euler steps add two more action_step calls, inputs and outputs alike
+    step = three["total"] - one["total"]
+    assert step > 0 and step % 2 == 0
+    kv = 2 * 36 * 130 * 1024 * 2  # keys + values of all layers, in action_context's inputs
+    assert one["inputs"] >= kv + 4 * hidden + int(np.prod((1, 2, 729, 588))) * 2

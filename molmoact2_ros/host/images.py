@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import operator
-import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from ..errors import ObservationError
+from .resample import normalise_into, patch_view, resize_levels
 
 #: sensor_msgs/Image encodings we decode: name -> (bytes per pixel, byte index of R, G, B).
 ENCODINGS: dict[str, tuple[int, tuple[int, int, int]]] = {
@@ -181,65 +181,6 @@ def flip_180(img: np.ndarray) -> np.ndarray:
     return img[::-1, ::-1]
 
 
-def _source_positions(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Torch's align_corners=False taps and lambda along one axis, bit for bit.
-
-    Torch evaluates ``scale * (dst + 0.5) - 0.5`` in float32 as one fused multiply-add; the
-    float64 evaluation below is exact before its single rounding to float32, i.e. an FMA.
-    """
-    scale = np.float32(in_size) / np.float32(out_size)
-    half_dst = np.arange(out_size, dtype=np.float32) + np.float32(0.5)
-    src = (np.float64(scale) * half_dst.astype(np.float64) - 0.5).astype(np.float32)
-    src = np.maximum(src, np.float32(0.0))
-    i0 = np.minimum(np.floor(src).astype(np.intp), in_size - 1)
-    i1 = np.minimum(i0 + 1, in_size - 1)
-    lam1 = np.clip(src - i0.astype(np.float32), np.float32(0.0), np.float32(1.0))
-    return i0, i1, lam1
-
-
-class _Plan(NamedTuple):
-    """Precomputed gathers and weights for one (input, output, flip) geometry."""
-
-    rows: np.ndarray  # input rows actually read
-    r0: np.ndarray  # per output row: index into ``rows`` of the upper tap
-    r1: np.ndarray
-    wy0: np.ndarray  # [out_h, 1] float64 holding float32 values (for the emulated FMA)
-    wy1: np.ndarray  # [out_h, 1] float32
-    c0: np.ndarray  # per output (x, channel): flat column index of the left tap
-    c1: np.ndarray
-    wx0: np.ndarray  # [out_w*3] float64 holding float32 values, repeated per channel
-    wx1: np.ndarray  # [out_w*3] float32
-
-
-@lru_cache(maxsize=32)
-def _plan(in_h: int, in_w: int, out_h: int, out_w: int, flip: bool) -> _Plan:
-    """Build (and cache) the separable resize tables; ``flip`` mirrors the taps, not the pixels."""
-    y0, y1, ly = _source_positions(in_h, out_h)
-    x0, x1, lx = _source_positions(in_w, out_w)
-    if flip:  # sampling the flipped image at i == sampling the original at n-1-i
-        y0, y1 = in_h - 1 - y0, in_h - 1 - y1
-        x0, x1 = in_w - 1 - x0, in_w - 1 - x1
-    rows, inverse = np.unique(np.concatenate([y0, y1]), return_inverse=True)
-    inverse = inverse.reshape(-1)
-    chan = np.arange(3)
-    wy1 = ly.reshape(-1, 1)
-    wx1 = np.repeat(lx, 3)
-    plan = _Plan(
-        rows=rows,
-        r0=inverse[:out_h],
-        r1=inverse[out_h:],
-        wy0=(np.float32(1.0) - wy1).astype(np.float64),
-        wy1=wy1,
-        c0=(x0[:, None] * 3 + chan).reshape(-1),
-        c1=(x1[:, None] * 3 + chan).reshape(-1),
-        wx0=(np.float32(1.0) - wx1).astype(np.float64),
-        wx1=wx1,
-    )
-    for arr in plan:
-        arr.setflags(write=False)
-    return plan
-
-
 def _check_rgb_u8(img: Any, what: str) -> np.ndarray:
     """Reject anything that is not a uint8 [H, W, 3] array, naming ``what``."""
     if not isinstance(img, np.ndarray):
@@ -255,77 +196,6 @@ def _check_rgb_u8(img: Any, what: str) -> np.ndarray:
     return img
 
 
-#: Rows per block of the float64 FMA emulation: keeps temporaries cache-sized.
-_BLOCK_ROWS = 64
-_workspaces = threading.local()
-
-
-def _scratch(name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
-    """A per-thread reusable buffer: fresh multi-MB temporaries cost more in page faults
-    than the arithmetic itself, and ROS executors may call in from several threads."""
-    bufs = getattr(_workspaces, "bufs", None)
-    if bufs is None:
-        bufs = _workspaces.bufs = {}
-    key = (name, shape, np.dtype(dtype).str)
-    buf = bufs.get(key)
-    if buf is None:
-        if len(bufs) > 64:  # many geometries seen: start over rather than grow without bound
-            bufs.clear()
-        buf = bufs[key] = np.empty(shape, dtype=dtype)
-    return buf
-
-
-def _lerp_fma_rows(
-    dst: np.ndarray, w0_f64: np.ndarray, a: np.ndarray, w1: np.ndarray, b: np.ndarray
-) -> None:
-    """dst = float32 ``fma(w0, a, w1*b)`` row block by row block: torch's compiled lerp.
-
-    ``w0*a`` is exact in float64 (<= 48 significant bits), so adding the float32 ``w1*b`` and
-    rounding once to float32 reproduces the fused multiply-add.
-    """
-    cols = dst.shape[1]
-    for start in range(0, dst.shape[0], _BLOCK_ROWS):
-        stop = min(start + _BLOCK_ROWS, dst.shape[0])
-        n = stop - start
-        acc = _scratch("acc", (_BLOCK_ROWS, cols), np.float64)[:n]
-        tmp = _scratch("tmp", (_BLOCK_ROWS, cols), np.float32)[:n]
-        per_row = w1.ndim == 2  # [rows, 1] height weights vs [cols] width weights
-        w0 = w0_f64[start:stop] if per_row else w0_f64
-        wb = w1[start:stop] if per_row else w1
-        np.multiply(a[start:stop], w0, out=acc, dtype=np.float64)
-        np.multiply(b[start:stop], wb, out=tmp, dtype=np.float32)
-        np.add(acc, tmp, out=acc)
-        np.copyto(dst[start:stop], acc, casting="same_kind")
-
-
-def _resize_f32(img: np.ndarray, out_h: int, out_w: int, flip: bool) -> np.ndarray:
-    """Bilinear resize to integer-valued float32 [out_h, out_w, 3] (rounded, clamped).
-
-    Width pass, then height pass, each ``fma(l0, a, l1*b)`` in float32: the operation order of
-    torch's generic CPU kernel, which is what the processor runs on a multi-core host. The
-    result is a per-thread scratch buffer, valid until this thread's next call.
-    """
-    in_h, in_w = img.shape[:2]
-    plan = _plan(in_h, in_w, out_h, out_w, flip)
-    flat = np.ascontiguousarray(img).reshape(in_h, in_w * 3)
-    if plan.rows.size < in_h:
-        flat = flat[plan.rows]
-    n_rows, cols = flat.shape[0], out_w * 3
-    # mode="clip" only so that take() writes straight into ``out`` (indices are in range).
-    left, right = (_scratch(k, (n_rows, cols), np.uint8) for k in ("left", "right"))
-    np.take(flat, plan.c0, axis=1, out=left, mode="clip")
-    np.take(flat, plan.c1, axis=1, out=right, mode="clip")
-    rows = _scratch("rows", (n_rows, cols), np.float32)
-    _lerp_fma_rows(rows, plan.wx0, left, plan.wx1, right)
-    top, bottom, out = (_scratch(k, (out_h, cols), np.float32) for k in ("top", "bottom", "out"))
-    np.take(rows, plan.r0, axis=0, out=top, mode="clip")
-    np.take(rows, plan.r1, axis=0, out=bottom, mode="clip")
-    _lerp_fma_rows(out, plan.wy0, top, plan.wy1, bottom)
-    np.rint(out, out=out)
-    np.clip(out, np.float32(0.0), np.float32(255.0), out=out)
-    return out.reshape(out_h, out_w, 3)
-
-
 def resize_bilinear(img_u8: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
     """uint8 [H, W, 3] -> uint8 [out_h, out_w, 3], torchvision ``Resize(antialias=False)`` math.
 
@@ -338,7 +208,7 @@ def resize_bilinear(img_u8: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
     out_h, out_w = _as_int(out_h, "out_h"), _as_int(out_w, "out_w")
     if out_h <= 0 or out_w <= 0:
         raise ObservationError(f"resize target {out_h}x{out_w} must be positive")
-    return _resize_f32(img_u8, out_h, out_w, False).astype(np.uint8)
+    return resize_levels(img_u8, out_h, out_w, False).astype(np.uint8)
 
 
 def to_unit_range(u8: np.ndarray) -> np.ndarray:
@@ -352,12 +222,6 @@ def to_unit_range(u8: np.ndarray) -> np.ndarray:
     return x
 
 
-def _patch_view(x: np.ndarray, patch: int) -> np.ndarray:
-    """[S, S, C] -> [S/p, S/p, p, p, C] view in patch order (row, col, dy, dx, c)."""
-    grid = x.shape[0] // patch
-    return x.reshape(grid, patch, grid, patch, x.shape[2]).transpose(0, 2, 1, 3, 4)
-
-
 def patchify(x: np.ndarray, patch: int = PATCH_SIZE) -> np.ndarray:
     """[S, S, C] -> [(S/p)^2, p*p*C]: patch ``row*grid + col``, element ``(dy*p + dx)*C + c``."""
     size = x.shape[0]
@@ -366,7 +230,7 @@ def patchify(x: np.ndarray, patch: int = PATCH_SIZE) -> np.ndarray:
             f"patchify needs a square [S, S, C] image with S divisible by {patch}; got {x.shape}"
         )
     grid = size // patch
-    return _patch_view(x, patch).reshape(grid * grid, patch * patch * x.shape[2])
+    return patch_view(x, patch).reshape(grid * grid, patch * patch * x.shape[2])
 
 
 def _check_out(out: np.ndarray, shape: tuple[int, ...]) -> None:
@@ -412,24 +276,18 @@ def preprocess(
     def one_camera(cam: int) -> None:
         img = checked[cam]
         if img.shape[:2] == (size, size):  # torch's identity resize: lambda 0, exact copy
-            pixels: np.ndarray = flip_180(img) if flip else img
+            levels: np.ndarray = flip_180(img) if flip else img
         else:
-            pixels = _resize_f32(img, size, size, flip)
-        src = _patch_view(pixels, patch)
-        dst = out[0, cam].reshape(grid, grid, patch, patch, 3)
-        # Normalise straight into the caller's buffer; float16 goes through float32 scratch so
-        # it equals the float32 result cast once.
-        unit = dst if out.dtype == np.float32 else _scratch("unit", dst.shape, np.float32)
-        np.divide(src, np.float32(255.0), out=unit, dtype=np.float32)
-        unit *= np.float32(2.0)
-        unit -= np.float32(1.0)
-        if unit is not dst:
-            np.copyto(dst, unit, casting="same_kind")
+            levels = resize_levels(img, size, size, flip)
+        normalise_into(levels, patch, out[0, cam])
 
     # numpy releases the GIL in these loops: the cameras run side by side (scratch buffers
-    # are per thread), each writing its own slice of ``out``.
-    if len(checked) == 1:
+    # are per thread), each writing its own slice of ``out``. The calling thread takes the
+    # first camera itself: one hand-off less, which matters when the cores are busy.
+    others = [_camera_pool().submit(one_camera, cam) for cam in range(1, len(checked))]
+    try:
         one_camera(0)
-    else:
-        list(_camera_pool().map(one_camera, range(len(checked))))
+    finally:
+        for future in others:
+            future.result()
     return out

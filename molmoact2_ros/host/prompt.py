@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import BundleError, PromptError
 from ..variants import VariantSpec
+from . import fp16
 from .conventions import Conventions
 
 _PREFIXES = re.compile(
@@ -149,6 +150,7 @@ class PromptPlan:
     add_image_to_patch_embedding: bool
     state_rows: np.ndarray  # [bins, H] float32, rows of <state_0..bins-1>
     _base_by_dtype: dict = field(default_factory=dict, repr=False)
+    _run_cache: tuple | None = field(default=None, repr=False)
 
     def ids_for(self, bins: np.ndarray) -> np.ndarray:
         ids = self.input_ids.copy()
@@ -158,27 +160,61 @@ class PromptPlan:
     def embed(
         self, state_bins: np.ndarray, image_embeds: np.ndarray, out: np.ndarray | None = None
     ) -> np.ndarray:
-        """hidden_states [1, S, H]: base rows + state rows + image features at <im_patch>."""
+        """hidden_states [1, S, H]: base rows + state rows + image features at <im_patch>.
+
+        Into a float16 buffer every row is the float32 result rounded once (tables are cast
+        once per plan; the image rows are one float32 add and one rounding per value).
+        """
         seq, hidden = self.base_embeddings.shape
         if out is None:
             out = np.empty((1, seq, hidden), dtype=np.float32)
         view = out.reshape(seq, hidden)
-        base = self._base_by_dtype.get(view.dtype)
-        if base is None:  # cast once per plan and buffer dtype: per chunk a plain copy
-            base = self._base_by_dtype[view.dtype] = self.base_embeddings.astype(view.dtype)
-        view[...] = base
-        view[self.state_positions] = self.state_rows[np.asarray(state_bins)]
         feats = np.asarray(image_embeds).reshape(-1, hidden)
         if feats.shape[0] != self.patch_positions.shape[0]:
             raise PromptError(
                 f"vision emitted {feats.shape[0]} image features but the prompt has "
                 f"{self.patch_positions.shape[0]} <im_patch> positions"
             )
-        if self.add_image_to_patch_embedding:
-            view[self.patch_positions] += feats
-        else:
-            view[self.patch_positions] = feats
+        base, state = self._tables(view.dtype)
+        patch_runs, other_runs = self._runs()
+        for start, stop in other_runs:
+            view[start:stop] = base[start:stop]
+        view[self.state_positions] = state[np.asarray(state_bins)]
+        first = 0
+        for start, stop in patch_runs:
+            dst, rows = view[start:stop], feats[first : first + stop - start]
+            first += stop - start
+            if not self.add_image_to_patch_embedding:
+                dst[...] = rows
+            elif dst.dtype == np.float16 and rows.dtype == np.float16:
+                fp16.add_into(base[start:stop], rows, dst)
+            elif dst.dtype == np.float16:
+                fp16.add_reference(self.base_embeddings[start:stop], rows, dst)
+            else:
+                np.add(base[start:stop], rows, out=dst, dtype=dst.dtype)
         return out
+
+    def _tables(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """Base and state rows in the buffer's dtype, cast once per plan (a plain copy after)."""
+        cached = self._base_by_dtype.get(dtype)
+        if cached is None:
+            cached = (self.base_embeddings.astype(dtype), self.state_rows.astype(dtype))
+            self._base_by_dtype[dtype] = cached
+        return cached
+
+    def _runs(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """Contiguous [start, stop) runs of the <im_patch> rows and of all other rows."""
+        cached = self._run_cache  # keyed by the positions: a caller may replace them
+        if cached is None or not np.array_equal(cached[0], self.patch_positions):
+            is_patch = np.zeros(self.base_embeddings.shape[0], dtype=bool)
+            is_patch[self.patch_positions] = True  # ascending: runs take features in order
+            edges = np.flatnonzero(np.diff(is_patch.astype(np.int8))) + 1
+            bounds = [0, *edges.tolist(), is_patch.size]
+            runs = list(zip(bounds[:-1], bounds[1:]))
+            cached = (self.patch_positions.copy(), [r for r in runs if is_patch[r[0]]],
+                      [r for r in runs if not is_patch[r[0]]])
+            self._run_cache = cached
+        return cached[1], cached[2]
 
 
 class PromptBuilder:

@@ -1,0 +1,78 @@
+"""The targets of ``molmoact2 bench`` and one verdict per target from a run's figures."""
+
+from __future__ import annotations
+
+#: Medians on the 2-core x86 dev box (the host's critical-path issue).
+PREPROCESS_MS = {"256x256": 3.0, "640x480": 5.0}
+EMBED_MS = {"grid_sampler": 2.0, "lp_vtp_sd": 2.0, "fused": 4.0}
+FLOOR_RATIO = 1.3
+CONTROLLER_MS = 1.0
+NODE_MS = 2.0
+REPLAY_CHUNKS_PER_S = 200.0
+RSS_MIB = 150.0
+
+
+def _row(target: str, measured: float | None, limit: str, ok: bool | None, note: str = "") -> dict:
+    verdict = "skipped" if ok is None else ("meets" if ok else "misses")
+    return {"target": target, "measured": measured, "limit": limit, "verdict": verdict,
+            "note": note}
+
+
+def verdicts(host: dict, records: list[dict]) -> list[dict]:
+    """One row per target: what was measured, the limit, meets/misses/skipped and why."""
+    out = []
+    for size, limit in PREPROCESS_MS.items():
+        ours = host[f"preprocess {size}"]["median"]
+        cpu = host[f"preprocess {size}"].get("cpu_median")
+        out.append(_row(f"preprocess 2 x {size} -> fp16 (ms)", ours, f"<= {limit}",
+                        ours <= limit, "" if cpu is None else f"CPU {cpu:.2f} ms, all threads"))
+        peer = host.get(f"peer {size}", {})
+        if "median" in peer:
+            ratio = ours / peer["median"]
+            out.append(_row(f"preprocess {size} vs peer OpenCV (ratio)", ratio, "< 1",
+                            ratio < 1.0, f"peer {peer['median']:.2f} ms (CPU "
+                            f"{peer.get('cpu_median', float('nan')):.2f} ms), off by >= 1 level "
+                            f"on {100 * peer['pixels_off_by_1_or_more']:.1f} % of values"))
+        else:
+            out.append(_row(f"preprocess {size} vs peer OpenCV (ratio)", None, "< 1", None,
+                            peer.get("skipped", "")))
+    for r in records:
+        name = r["variant"]
+        embed = r["host"]["embed"]["median"]
+        limit = EMBED_MS.get(name)
+        out.append(_row(f"embed {name} (ms)", embed, f"<= {limit}",
+                        None if limit is None else embed <= limit))
+        ratio = r["floor_ratio"]
+        out.append(_row(f"resident {name} / memory floor", ratio, f"<= {FLOOR_RATIO}",
+                        ratio <= FLOOR_RATIO,
+                        f"(a) {r['resident']['total']['median']:.2f} ms, plain copy of "
+                        f"{r['floor_bytes']['total'] / 2**20:.1f} MiB "
+                        f"{r['floor']['plain copy']['median']:.2f} ms; null sessions make no "
+                        "library copies, so (a) is the runtime's own part"))
+        out.append(_row(f"naive {name} / resident", r["ratio"], ">= 10", r["ratio"] >= 10.0))
+    ctl = host["controller overhead"]["median"]
+    out.append(_row("controller overhead (ms)", ctl, f"<= {CONTROLLER_MS}", ctl <= CONTROLLER_MS))
+    node = host.get("node", {})
+    out.append(_row("rclpy node overhead (ms)", node.get("median"), f"<= {NODE_MS}",
+                    None if "median" not in node else node["median"] <= NODE_MS,
+                    node.get("skipped", "")))
+    replay = host.get("replay", {})
+    rate = replay.get("chunks_per_s")
+    out.append(_row("replay, null sessions (chunks/s)", rate, f">= {REPLAY_CHUNKS_PER_S:.0f}",
+                    None if rate is None else rate >= REPLAY_CHUNKS_PER_S,
+                    replay.get("skipped", "")))
+    rss = host.get("node process RSS", {})
+    peak = rss.get("peak_rss_mib")
+    out.append(_row("peak RSS, controller + resident runtime, workers excluded (MiB)", peak,
+                    f"<= {RSS_MIB:.0f}", None if peak is None else peak <= RSS_MIB,
+                    rss.get("skipped", "")))
+    return out
+
+
+def format_verdicts(rows: list[dict]) -> str:
+    lines = ["== verdicts", f"{'target':<66} {'measured':>9} {'limit':>9}  verdict"]
+    for r in rows:
+        value = "-" if r["measured"] is None else f"{r['measured']:.2f}"
+        note = f"  ({r['note']})" if r["note"] else ""
+        lines.append(f"{r['target']:<66} {value:>9} {r['limit']:>9}  {r['verdict']}{note}")
+    return "\n".join(lines)
