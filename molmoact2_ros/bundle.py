@@ -34,10 +34,11 @@ class Suffixes:
 
     vision: str = ""
     llm: str = ""
-    action: str = ""
+    action: str = ""  # action_step only, as the reference runtime's ACTION_CTX_SUFFIX
+    action_context: str = ""  # "" (fp16) unless a quantised action_context is named
 
     def for_component(self, component: str) -> str:
-        """The suffix ``component`` loads with; "" for action_context (in no group)."""
+        """The suffix ``component`` loads with."""
         for group, members in SUFFIX_GROUPS.items():
             if component in members:
                 return getattr(self, group)

@@ -22,7 +22,8 @@ TRAJECTORY_TYPE = "trajectory_msgs/msg/JointTrajectory"
 FORMAT = "molmoact2_chunks.v1"
 #: the settings a golden fixes; a run that differs in one of these is named before comparing
 COMPARED_SETTINGS = ("variant", "instruction", "seed", "flow_steps", "context_suffix.vision",
-                     "context_suffix.llm", "context_suffix.action", "execution.start",
+                     "context_suffix.llm", "context_suffix.action",
+                     "context_suffix.action_context", "execution.start",
                      "execution.blend")
 
 

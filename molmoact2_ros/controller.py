@@ -94,6 +94,7 @@ def chunk_message_fields(out: Published) -> dict[str, Any]:
         "context_suffix_vision": s["context_suffix.vision"],
         "context_suffix_llm": s["context_suffix.llm"],
         "context_suffix_action": s["context_suffix.action"],
+        "context_suffix_action_context": s["context_suffix.action_context"],
         "flow_steps": chunk.flow_steps,
         "instruction": chunk.instruction,
         "action_names": list(s["action_names"]),

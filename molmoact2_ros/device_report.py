@@ -20,7 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from .errors import BundleError, MolmoActError
-from .variants import ACTION_STEP, COMPONENTS, SUFFIX_GROUPS, VARIANTS, get_variant
+from .variants import (
+    ACTION_STEP,
+    COMPONENTS,
+    SET_GROUPS,
+    SUFFIX_GROUPS,
+    VARIANTS,
+    get_variant,
+)
 
 PASS, FAIL, NOT_RUN = "PASS", "FAIL", "not run"
 MIN_CHUNKS = 20
@@ -90,7 +97,7 @@ def suffixes_in(bundle) -> list[str]:
     """Suffixes whose contexts exist for every suffix-selected component ("" first)."""
     found = set()
     ctx = bundle.root / "ctx"
-    grouped = [c for members in SUFFIX_GROUPS.values() for c in members]
+    grouped = [c for g in SET_GROUPS for c in SUFFIX_GROUPS[g]]
     tail = bundle.variant.context_file(ACTION_STEP, "")[len(ACTION_STEP):]
     for path in ctx.glob(f"{ACTION_STEP}*{tail}") if ctx.is_dir() else ():
         suffix = path.name[len(ACTION_STEP) : -len(tail)]

@@ -280,8 +280,8 @@ class PolicyNode(Node):
         msg = ActionChunk()
         msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(f["stamp_ns"], 1_000_000_000)
         for name in ("sequence", "variant", "context_suffix_vision", "context_suffix_llm",
-                     "context_suffix_action", "flow_steps", "instruction", "action_names",
-                     "horizon", "action_dim"):
+                     "context_suffix_action", "context_suffix_action_context", "flow_steps",
+                     "instruction", "action_names", "horizon", "action_dim"):
             setattr(msg, name, f[name])
         msg.actions = f["actions"].tolist()
         msg.period = _duration(f["period_ns"])
@@ -342,7 +342,7 @@ class PolicyNode(Node):
         try:
             self.set_parameters([Parameter(name, value=settings[name]) for name in
                                  ("variant", "backend", *(f"context_suffix.{g}" for g in
-                                                          ("vision", "llm", "action")))])
+                                                          settings.suffixes()))])
         finally:
             self._reverting = False
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .execution import BLENDS, RAMPS, START_MODES
-from .variants import VARIANTS
+from .variants import SUFFIX_GROUPS, VARIANTS
 
 #: How a change applies: ``live`` on the next chunk, ``reload`` by a background session swap,
 #: ``configure`` only on the next configure transition (topics, QoS, sync).
@@ -52,6 +52,9 @@ PARAMS: tuple[ParamSpec, ...] = (
     _p("context_suffix.llm", "", "context suffix of llm_split0..3", RELOAD),
     _p("context_suffix.action", "",
        "context suffix of action_step only (action_context stays fp16)", RELOAD),
+    _p("context_suffix.action_context", "",
+       "context suffix of action_context: '' (fp16, as the reference runtime loads it) or an "
+       "explicitly named quantised context, e.g. '_w4a16'", RELOAD),
     _p("runtime.call_timeout_s", 30.0,
        "htp: deadline of one worker call; a worker that misses it is killed and restarted",
        CONFIGURE, float_range=(0.1, 3600.0)),
@@ -139,7 +142,7 @@ class Settings:
         }
 
     def suffixes(self) -> dict[str, str]:
-        return {g: self.values[f"context_suffix.{g}"] for g in ("vision", "llm", "action")}
+        return {g: self.values[f"context_suffix.{g}"] for g in SUFFIX_GROUPS}
 
     def flow_steps(self) -> int | None:
         return self.values["flow_steps"] or None

@@ -79,7 +79,8 @@ def run_changes(args: argparse.Namespace, golden_settings: dict) -> tuple[dict, 
              "flow_steps": args.flow_steps}
     changes: dict[str, Any] = {"backend": args.backend, "max_observation_age_s": args.max_age}
     for key in ("variant", "instruction", "seed", "flow_steps", "context_suffix.vision",
-                "context_suffix.llm", "context_suffix.action", "execution.start",
+                "context_suffix.llm", "context_suffix.action",
+                "context_suffix.action_context", "execution.start",
                 "execution.blend"):
         value = given.get(key)
         if value is None and key in golden_settings:

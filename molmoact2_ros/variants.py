@@ -23,12 +23,17 @@ COMPONENTS = (VISION, *LLM_SPLITS, ACTION_CONTEXT, ACTION_STEP)
 
 #: Components grouped the way the per-component context suffix parameters address them. As in
 #: the reference runtime (``ACTION_CTX_SUFFIX``), ``action`` selects action_step only:
-#: action_context is not in any group and always loads its fp16 context.
+#: action_context has its own group, "" (fp16) unless a quantised context is named for it.
 SUFFIX_GROUPS: Mapping[str, tuple[str, ...]] = {
     "vision": (VISION,),
     "llm": LLM_SPLITS,
     "action": (ACTION_STEP,),
+    # action_context loads its fp16 context unless a quantised one is named explicitly
+    "action_context": (ACTION_CONTEXT,),
 }
+#: The groups a quantised context set covers (the reference runtime's VISION_, LLM_ and
+#: ACTION_CTX_SUFFIX switches); ``action_context`` is never part of a set.
+SET_GROUPS: tuple[str, ...] = ("vision", "llm", "action")
 
 FLOAT_DTYPES = frozenset({"float32", "float16"})
 #: Masks and flags are numeric 0/1 tensors in every export we know of; bool/int also accepted.
