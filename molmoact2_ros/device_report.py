@@ -25,7 +25,6 @@ from .variants import (
     COMPONENTS,
     SET_GROUPS,
     SUFFIX_GROUPS,
-    VARIANTS,
     get_variant,
 )
 
@@ -86,11 +85,30 @@ def platform_facts(probe: dict) -> dict:
     return facts
 
 
-def find_bundles(root: Path) -> list[tuple[str, Path]]:
-    """(variant, folder) for ``root`` itself or each ``root/<variant>`` with a bundle.json."""
-    if (root / "bundle.json").is_file():
-        return [(json.loads((root / "bundle.json").read_text())["variant"], root)]
-    return [(name, root / name) for name in VARIANTS if (root / name / "bundle.json").is_file()]
+def run_replay_check(root: Path, bag: Path, golden_path: Path, probe: dict) -> dict:
+    """Replay ``bag`` on the HTP with the golden run's settings and match every chunk with the
+    golden chunk bag (made with ``replay --record`` on a workstation) by observation stamp."""
+    if "error" in probe:
+        return {"status": NOT_RUN,
+                "why": f"qai_appbuilder is not importable here ({probe['error']})"}
+    from .bundle import bundle_parameters
+    from .chunk_match import default_tolerance, match_chunks
+    from .chunkbag import COMPARED_SETTINGS, read_chunk_bag
+    from .params import Settings, validate_changes
+    from .replay import replay
+
+    golden = read_chunk_bag(golden_path)
+    changes = {k: golden.settings[k] for k in COMPARED_SETTINGS if k in golden.settings}
+    changes.update(bundle_parameters(root), backend="htp")
+    ok, reason = validate_changes(changes, Settings())
+    if not ok:
+        raise BundleError(f"golden {golden_path}: {reason}")
+    result = replay(bag, Settings().with_changes(changes))
+    produced = {p.chunk.observation_stamp_ns: p.actions for p in result.published}
+    summary = match_chunks(produced, golden.chunks, default_tolerance("htp"))
+    return {"status": PASS if summary.ok else FAIL, "bag": str(bag), "golden": str(golden_path),
+            "variant": changes.get("variant"), "drops": dict(result.drops),
+            "summary": summary.to_json()}
 
 
 def suffixes_in(bundle) -> list[str]:
@@ -181,7 +199,9 @@ def _latency(pipeline, variant, chunks: int) -> dict:
             "ms": {k: _stats(v) for k, v in samples.items()}}
 
 
-def build_report(root: Path, chunks: int = MIN_CHUNKS, timeout_s: float = 60.0) -> dict:
+def build_report(root: Path, chunks: int = MIN_CHUNKS, timeout_s: float = 60.0, *,
+                 bag: Path | None = None, golden: Path | None = None) -> dict:
+    from .bundle import resolve_bundles
     from .doctor import (
         check_cdsprpc,
         check_fastrpc_nodes,
@@ -192,13 +212,7 @@ def build_report(root: Path, chunks: int = MIN_CHUNKS, timeout_s: float = 60.0) 
         probe_qai_appbuilder,
     )
 
-    if not root.is_dir():
-        raise BundleError(f"bundle root {root} does not exist; give the folder holding the "
-                          "variant folders (or one bundle folder)")
-    bundles = find_bundles(root)
-    if not bundles:
-        raise BundleError(f"{root} holds no bundle (no bundle.json in it or in "
-                          f"{'/'.join(VARIANTS)} below it)")
+    bundles = resolve_bundles(root)  # the one resolver every command uses
     probe = probe_qai_appbuilder()
     checks = [check_platform(), check_qai(probe), check_qnn_runtime(probe), check_cdsprpc(),
               check_fastrpc_nodes(), check_library_paths(probe)]
@@ -219,6 +233,8 @@ def build_report(root: Path, chunks: int = MIN_CHUNKS, timeout_s: float = 60.0) 
         for suffix in suffixes_in(bundle) or [""]:
             report["sections"].append(run_section(name, folder, suffix, probe, chunks,
                                                   timeout_s))
+    if bag is not None and golden is not None:
+        report["replay"] = run_replay_check(root, bag, golden, probe)
     return report
 
 
@@ -229,6 +245,8 @@ def failed(report: dict) -> list[str]:
         for key in ("load", "component_parity", "e2e_parity", "latency"):
             if s[key]["status"] == FAIL:
                 bad.append(f"{s['variant']}{s['suffix']} {key}")
+    if report["replay"]["status"] == FAIL:
+        bad.append("replay against the golden chunk bag")
     return bad
 
 
@@ -277,8 +295,18 @@ def to_markdown(report: dict) -> str:
                       "| component | mean | p50 | p95 |", "|---|---|---|---|"]
             lines += [f"| {k} | {v['mean']:.2f} | {v['p50']:.2f} | {v['p95']:.2f} |"
                       for k, v in lat["ms"].items()]
-    lines += ["", f"Replay against a golden chunk bag: {report['replay']['status']} "
-              f"({report['replay']['why']})", ""]
+    rep = report["replay"]
+    if "summary" in rep:
+        sm = rep["summary"]
+        worst = sm["worst"] or {}
+        lines += ["", "## Replay against a golden chunk bag", "",
+                  f"`{rep['bag']}` against `{rep['golden']}` ({rep['variant']}, htp): "
+                  f"**{rep['status']}**, {sm['passed']}/{sm['compared']} chunks pass, "
+                  f"{sm['missing']} missing, {sm['extra']} extra"
+                  + (f", worst cosine {worst.get('cosine', float('nan')):.6f}" if worst else ""),
+                  ""]
+    else:
+        lines += ["", f"Replay against a golden chunk bag: {rep['status']} ({rep['why']})", ""]
     bad = failed(report)
     lines.append(f"**{len(bad)} failed**: " + ", ".join(bad) if bad else "**Nothing failed.**")
     return "\n".join(lines) + "\n"
@@ -287,7 +315,11 @@ def to_markdown(report: dict) -> str:
 def cmd_device_report(args: argparse.Namespace) -> int:
     if args.chunks < MIN_CHUNKS:
         raise BundleError(f"--chunks {args.chunks}: use at least {MIN_CHUNKS} for p95")
-    report = build_report(Path(args.bundle_root).expanduser(), args.chunks, args.timeout)
+    if (args.bag is None) != (args.golden is None):
+        raise BundleError("give --bag and --golden together: the bag recorded on the robot and "
+                          "the golden chunk bag made from it with 'replay --record'")
+    report = build_report(Path(args.bundle_root).expanduser(), args.chunks, args.timeout,
+                          bag=args.bag and Path(args.bag), golden=args.golden and Path(args.golden))
     out = Path(args.out)
     out.write_text(to_markdown(report), encoding="utf-8")
     out.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str),
@@ -306,4 +338,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", default="device-report.md", help="Markdown file; JSON next to it")
     p.add_argument("--chunks", type=int, default=MIN_CHUNKS, help="chunks timed per section")
     p.add_argument("--timeout", type=float, default=60.0, help="deadline per worker call, s")
+    p.add_argument("--bag", help="a bag recorded on the robot, replayed on the HTP (with --golden)")
+    p.add_argument("--golden", help="the golden chunk bag made from --bag on a workstation "
+                   "('molmoact2 replay BAG --backend onnx --record GOLDEN')")
     p.set_defaults(func=cmd_device_report)

@@ -60,6 +60,43 @@ def test_report_without_qai_appbuilder_says_what_was_not_run(tiny_root, tmp_path
 def test_bad_root_is_bad_input(tmp_path, capsys):
     assert main(["device-report", str(tmp_path / "nothing"), "--out",
                  str(tmp_path / "r.md")]) == 2
-    assert "bundle root" in capsys.readouterr().err
+    assert "does not exist" in capsys.readouterr().err
     assert main(["device-report", str(tmp_path), "--out", str(tmp_path / "r.md")]) == 2
     assert "holds no bundle" in capsys.readouterr().err
+
+
+def test_report_replays_a_robot_bag_against_a_workstation_golden(tiny_root, tmp_path,
+                                                                  monkeypatch, capsys):
+    """The cross-machine check in the report: an ONNX golden chunk bag, the bag replayed on
+    the HTP worker code (the fake underneath); a golden made with the cameras swapped fails."""
+    pytest.importorskip("rosbags")
+    from replay_helpers import obs_bag, run_cli, trace
+
+    ensure_contexts(tiny_root)
+    fake_env(monkeypatch)
+    tr = trace(tiny_root, "lp_vtp_sd")
+    bag = obs_bag(tmp_path / "obs", tr, 3)
+    swapped = obs_bag(tmp_path / "obs_swapped", tr, 3, swap=True)
+    goldens = {}
+    for name, source in (("same", bag), ("other", swapped)):
+        goldens[name] = tmp_path / f"golden_{name}"
+        rc, out, err = run_cli(["replay", source, "--bundle-root", tiny_root, "--variant",
+                                "lp_vtp_sd", "--instruction", str(tr["instruction"]), "--seed", "7",
+                                "--backend", "onnx", "--record", goldens[name],
+                                "--no-progress"], capsys)
+        assert rc == 0, out + err
+    out = tmp_path / "report.md"
+    main(["device-report", str(tiny_root / "lp_vtp_sd"), "--out", str(out), "--bag", str(bag),
+          "--golden", str(goldens["same"])])
+    report = json.loads(out.with_suffix(".json").read_text())
+    replay = report["replay"]
+    assert replay["status"] == "PASS", replay
+    assert replay["summary"]["compared"] == 3 and replay["summary"]["passed"] == 3
+    assert "## Replay against a golden chunk bag" in out.read_text()
+    main(["device-report", str(tiny_root / "lp_vtp_sd"), "--out", str(out), "--bag", str(bag),
+          "--golden", str(goldens["other"])])
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["replay"]["status"] == "FAIL"
+    from molmoact2_ros.device_report import failed
+
+    assert "replay against the golden chunk bag" in failed(report)
