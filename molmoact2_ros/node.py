@@ -20,6 +20,8 @@ from rcl_interfaces.msg import (
     SetParametersResult,
 )
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.clock import JumpThreshold
+from rclpy.duration import Duration as RclDuration
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 
 # Short lifecycle aliases, as in ros2/demos lifecycle_py: Node is rclpy's LifecycleNode.
@@ -34,6 +36,7 @@ from .errors import MolmoActError
 from .host.images import decode_compressed, decode_image
 from .host.state import state_from_joint_state, state_from_pose
 from .params import PARAMS, PARAMS_BY_NAME, Settings
+from .stamps import CLOCK_JUMP_BACK_S, CLOCK_JUMP_FORWARD_S
 from .sync import ApproxTimeSync
 
 NODE_NAME = "molmoact2_policy"
@@ -89,7 +92,6 @@ class PolicyNode(Node):
         self._tf_buffer = None
         self._tf_listener = None
         self._bridge = None
-        self._reverting = False
         super().__init__(node_name, **kwargs)
         for spec in PARAMS:
             self.declare_parameter(spec.name, spec.default, _descriptor(spec))
@@ -99,6 +101,13 @@ class PolicyNode(Node):
             clock_ns=lambda: self.get_clock().now().nanoseconds,
             on_swap_done=self._swap_done,
         )
+        # Sim-time resets and bag loops move the clock back: the controller then resets the
+        # synchroniser, the observation slot and the triggers (rclpy calls this after the jump).
+        self._jump_handle = self.get_clock().create_jump_callback(
+            JumpThreshold(min_forward=RclDuration(seconds=CLOCK_JUMP_FORWARD_S),
+                          min_backward=RclDuration(seconds=-CLOCK_JUMP_BACK_S),
+                          on_clock_change=True),
+            post_callback=lambda jump: self.controller.on_time_jump(jump.delta.nanoseconds))
         self._log_handler = _RosLogHandler(self.get_logger())
         logging.getLogger("molmoact2_ros").addHandler(self._log_handler)
         logging.getLogger("molmoact2_ros").setLevel(logging.INFO)
@@ -200,6 +209,7 @@ class PolicyNode(Node):
         s = self.controller.settings
         self._sync = ApproxTimeSync(3, int(s["sync.slop_s"] * 1e9), s["sync.queue_size"],
                                     self._on_synced)
+        self.controller.attach_sync(self._sync)
         image_type = CompressedImage if s["compressed_images"] else Image
         topics = [s["topics.image_primary"], s["topics.image_wrist"]]
         if s["compressed_images"]:
@@ -318,11 +328,12 @@ class PolicyNode(Node):
                 value = p.value
                 changes[p.name] = list(value) if isinstance(value, (list, tuple)) or (
                     hasattr(value, "tolist")) else value
-        if not changes or self._reverting:
+        if not changes:
             return SetParametersResult(successful=True)
-        ok, reason = self.controller.validate(changes)
+        # One step under the controller's lock; values equal to the running ones (as the
+        # revert after a failed swap sets) are accepted without effect.
+        ok, reason, how = self.controller.request(changes)
         if ok:
-            how = self.controller.apply(changes)
             if how == "configure":
                 self.get_logger().info(f"{sorted(changes)} apply at the next configure")
             elif how == "reload":
@@ -334,14 +345,10 @@ class PolicyNode(Node):
             self.get_logger().info(f"now running {settings['variant']}")
             return
         self.get_logger().error(reason)
-        # Put the parameters back to what actually runs, without re-triggering a reload.
-        self._reverting = True
-        try:
-            self.set_parameters([Parameter(name, value=settings[name]) for name in
-                                 ("variant", "backend", *(f"context_suffix.{g}" for g in
-                                                          ("vision", "llm", "action")))])
-        finally:
-            self._reverting = False
+        # Put the parameters back to what actually runs; equal to the controller's settings,
+        # they pass _on_set_parameters without effect (no reload is triggered).
+        self.set_parameters([Parameter(p.name, value=settings[p.name]) for p in PARAMS
+                             if p.apply == "reload"])
 
     # -- diagnostics -----------------------------------------------------------------------------
     def _make_diagnostics(self):
