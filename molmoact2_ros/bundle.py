@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,8 @@ from pathlib import Path
 from .errors import BundleError
 from .host.conventions import Conventions
 from .host.normstats import NormStats
-from .variants import COMPONENTS, SUFFIX_GROUPS, VariantSpec, get_variant
+from .schema import check_manifest, read_json_object
+from .variants import COMPONENTS, SUFFIX_GROUPS, VARIANTS, VariantSpec, get_variant
 
 HOST_FILES = ("tokenizer.json", "embeddings.npy", "prompt.json", "conventions.json")
 #: Smallest size a real context binary can have; anything smaller is a truncated download.
@@ -74,10 +74,8 @@ class Bundle:
         manifest: dict = {}
         manifest_path = root / "bundle.json"
         if manifest_path.is_file():
-            try:
-                manifest = json.loads(manifest_path.read_text())
-            except json.JSONDecodeError as exc:
-                raise BundleError(f"{manifest_path} is not valid JSON ({exc})") from None
+            manifest = read_json_object(manifest_path, "bundle.json")
+            check_manifest(manifest_path, manifest, tuple(VARIANTS))
         declared = manifest.get("variant")
         if variant is None and declared is None:
             raise BundleError(f"{root} has no bundle.json; say which variant it holds")
@@ -132,7 +130,8 @@ class Bundle:
     def norm_stats(self) -> NormStats:
         v = self.variant
         return NormStats.from_json(
-            self.norm_stats_path, action_dim=v.action_dim, state_dim=v.state_dim
+            self.norm_stats_path, action_dim=v.action_dim, state_dim=v.state_dim,
+            horizon=v.horizon,
         )
 
     def check(self, backend: str = "onnx", suffixes: Suffixes | None = None) -> None:
