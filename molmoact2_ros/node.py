@@ -33,6 +33,7 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from .controller import Controller, Published, chunk_message_fields
 from .errors import MolmoActError
+from .host.image_header import check_image_side
 from .host.images import decode_compressed, decode_image
 from .host.state import state_from_joint_state, state_from_pose
 from .params import PARAMS, PARAMS_BY_NAME, Settings
@@ -256,15 +257,18 @@ class PolicyNode(Node):
         self.controller.on_observation(images, state, min(i.stamp_ns for i in items))
 
     def _to_rgb(self, msg) -> np.ndarray:
+        max_side = self.controller.settings["max_image_side_px"]
         if isinstance(msg, CompressedImage):
-            return decode_compressed(msg.format, bytes(msg.data))
+            return decode_compressed(msg.format, bytes(msg.data), max_side_px=max_side)
+        check_image_side(msg.width, msg.height, max_side, "Image")
         if self._bridge is not None and msg.encoding in ("rgb8", "bgr8", "rgba8", "bgra8",
                                                          "mono8"):
             try:
                 return np.ascontiguousarray(self._bridge.imgmsg_to_cv2(msg, "rgb8"))
             except Exception as exc:  # cv_bridge errors are untyped; the core decoder says why
                 self.get_logger().debug(f"cv_bridge could not convert: {exc}")
-        return decode_image(msg.encoding, msg.height, msg.width, msg.step, msg.data)
+        return decode_image(msg.encoding, msg.height, msg.width, msg.step, msg.data,
+                            max_side_px=max_side)
 
     def _state(self, joint_state: JointState) -> np.ndarray:
         s = self.controller.settings
