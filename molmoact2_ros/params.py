@@ -192,9 +192,13 @@ def _check_bundle_path(name, value, settings):
     if not value:
         return True, ""
     try:
+        if "\x00" in value:
+            raise ValueError("it contains a NUL character")
         exists = Path(value).expanduser().is_dir()
     except (OSError, ValueError) as exc:  # name too long, NUL byte, ...
-        return False, f"{name}: {value[:80]!r} is not a usable folder path ({exc})"
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        shown = repr(value[:80]) + ("..." if len(value) > 80 else "")
+        return False, f"{name}: {shown} is not a usable folder path ({why})"
     if not exists:
         return False, f"{name}: folder {value!r} does not exist"
     return True, ""
