@@ -203,7 +203,8 @@ class Controller(SettingsControl):
             log.warning("%s", self.last_clock_event)
             return
         self.counts["clock_resets"] += 1
-        self._stamps.reset(self._clock())
+        self._stamps.reset()  # the next clock reading is the new baseline (no clock call here:
+        # rclpy runs this callback while it sets the time)
         if self._sync is not None:
             self._sync.reset()
         self._slot.clear()
