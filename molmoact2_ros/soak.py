@@ -70,22 +70,29 @@ def run(root: Path, chunks: int, every: int, warmup: int, seed: int = 0) -> dict
         "backend": "htp", "instruction": str(trace["instruction"]), "seed": seed,
         "max_observation_age_s": 5.0,
     })
-    clock, published = _Clock(), []
-    ctl = Controller(settings, publish=published.append, clock_ns=clock)
+    clock, published = _Clock(), [0]
+
+    def publish(out) -> None:  # count only: keeping every chunk would be the growth measured
+        published[0] += 1
+
+    ctl = Controller(settings, publish=publish, clock_ns=clock)
     rnd = np.random.default_rng(seed)
     faults: list[dict] = []
     pending: dict | None = None
     start = end = {}
     times_ms: list[float] = []
+    rss: list[tuple[int, float]] = []  # (chunks, MiB of this process) every 1000 chunks
     observed = 0
     ctl.configure()
     ctl.activate(worker=False)
     t0 = time.monotonic()
     try:
-        while len(published) < chunks:
-            done = len(published)
+        while published[0] < chunks:
+            done = published[0]
             if done == warmup and not start:
                 start = resources(ctl)
+            if done >= warmup and done % 1000 == 0 and (not rss or rss[-1][0] != done):
+                rss.append((done, round(rss_mb(), 2)))
             if done and done % every == 0 and (not faults or faults[-1]["at_chunk"] != done):
                 kind = FAULTS[len(faults) % len(FAULTS)]
                 pending = {"kind": kind, "at_chunk": done, "observations_to_recover": 0}
@@ -113,10 +120,10 @@ def run(root: Path, chunks: int, every: int, warmup: int, seed: int = 0) -> dict
     finally:
         ctl.shutdown()
     return {
-        "variant": variant, "backend": "htp", "chunks": len(published), "observations": observed,
+        "variant": variant, "backend": "htp", "chunks": published[0], "observations": observed,
         "fault_every": every, "warmup_chunks": warmup, "seconds": round(time.monotonic() - t0, 1),
         "chunk_ms_median": round(float(np.median(times_ms)), 2),
-        "start": start, "end": end, "faults": faults,
+        "start": start, "end": end, "rss_mib_by_chunk": rss, "faults": faults,
         "counts": dict(ctl.counts), "drops": dict(ctl.drops),
         "all_recovered": all(f.get("recovered") for f in faults),
     }
@@ -150,6 +157,7 @@ def format_report(r: dict) -> str:
              f"{'':22}{'start':>10}{'end':>10}{'change':>10}"]
     for key in ("rss_mib", "workers_rss_mib", "fds", "threads", "workers", "dev_shm"):
         lines.append(f"{key:22}{s[key]:>10}{e[key]:>10}{round(e[key] - s[key], 2):>10}")
+    lines.append("rss_mib by chunk: " + ", ".join(f"{n}: {m}" for n, m in r["rss_mib_by_chunk"]))
     recovered = sum(bool(f.get("recovered")) for f in r["faults"])
     lines.append(f"faults recovered: {recovered}/{len(r['faults'])} "
                  f"({', '.join(sorted({f['kind'] for f in r['faults']}))})")
