@@ -116,6 +116,10 @@ class SettingsControl:
                 self.policy.set_instruction(changes["instruction"])
             except MolmoActError as exc:  # validated before; say so if it fails anyway
                 self.counts["refused_live_changes"] += 1
+                running = getattr(self.policy, "instruction", None)
+                if running is not None:
+                    with self._lock:  # settings say what runs: never split
+                        self.settings = self.settings.with_changes({"instruction": running})
                 self.health = ("warn", f"instruction not applied, the previous one stays: {exc}")
                 log.error("instruction not applied, the previous one stays: %s", exc)
 

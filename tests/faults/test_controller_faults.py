@@ -84,12 +84,15 @@ def test_inference_thread_that_ends_anyway_is_reported_and_restarted(rig, caplog
 
 def test_live_instruction_that_fails_to_apply_keeps_the_previous_one(rig, caplog):
     ctl = rig.start()
-    ctl._pending_live["instruction"] = "one two three four five six seven eight nine ten " * 3
+    long = "one two three four five six seven eight nine ten " * 3
+    ctl.settings = ctl.settings.with_changes({"instruction": long})
+    ctl._pending_live["instruction"] = long
     rig.observe()
     with caplog.at_level(logging.ERROR, "molmoact2_ros"):
         out = ctl.process_pending()
     assert out is not None and out.chunk.instruction == "pick up the bowl"
     assert "instruction not applied, the previous one stays" in caplog.text
+    assert ctl.settings["instruction"] == "pick up the bowl"  # settings say what runs
     assert ctl.diagnostics()["values"]["count.refused_live_changes"] == 1
 
 
