@@ -3,7 +3,10 @@
     ros2 launch molmoact2_ros policy.launch.py bundle_root:=/data/molmoact2 variant:=grid_sampler
 
 Autostart uses lifecycle events (configure on process start, activate on reaching
-inactive), which works on Humble and Jazzy alike.
+inactive), which works on Humble and Jazzy alike. With ``respawn:=true`` a node process that
+dies is started again after ``respawn_delay`` seconds, and autostart configures and activates
+the new process the same way (it is a new ProcessStarted event), as Nav2's lifecycle manager
+brings a restarted node back up.
 """
 
 import os
@@ -21,6 +24,7 @@ from launch.actions import (
     OpaqueFunction,
     RegisterEventHandler,
 )
+from launch.event_handlers import OnProcessStart
 from launch.substitutions import LaunchConfiguration
 
 import launch
@@ -50,6 +54,10 @@ def _arguments():
                               description="task instruction (empty keeps the params file value)"),
         DeclareLaunchArgument("autostart", default_value="true",
                               description="configure and activate on launch"),
+        DeclareLaunchArgument("respawn", default_value="false",
+                              description="start the node process again if it dies"),
+        DeclareLaunchArgument("respawn_delay", default_value="3.0",
+                              description="seconds before a dead node process is started again"),
         DeclareLaunchArgument("use_sim_time", default_value="false",
                               description="true for rosbag replay with --clock"),
         DeclareLaunchArgument("log_level", default_value="info"),
@@ -97,6 +105,8 @@ def _launch(context):
         arguments=["--ros-args", "--log-level", arg("log_level")],
         output="screen",
         emulate_tty=True,
+        respawn=arg("respawn").lower() in TRUE,
+        respawn_delay=float(arg("respawn_delay")),
     )
     actions = [node]
     if arg("autostart").lower() in TRUE:
@@ -111,7 +121,12 @@ def _launch(context):
                     lifecycle_node_matcher=launch.events.matches_action(node),
                     transition_id=lifecycle_msgs.msg.Transition.TRANSITION_ACTIVATE)),
             ]))
-        actions += [activate, configure]
+        # On every start of the process (the first and each respawn): configure, then the
+        # handler above activates once it reaches inactive.
+        on_start = RegisterEventHandler(OnProcessStart(
+            target_action=node,
+            on_start=[LogInfo(msg="molmoact2 policy process started; configuring"), configure]))
+        actions += [activate, on_start]
     return actions
 
 

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 from .errors import BundleError
 from .host.conventions import Conventions
 from .host.normstats import NormStats
+from .schema import check_manifest, read_json_object
 from .variants import COMPONENTS, SUFFIX_GROUPS, VARIANTS, VariantSpec, get_variant
 
 HOST_FILES = ("tokenizer.json", "embeddings.npy", "prompt.json", "conventions.json")
@@ -74,8 +74,10 @@ class Bundle:
         """Open a variant folder, or the ``variant`` folder below a root (``resolve_bundle``)."""
         name, folder = resolve_bundle(root, variant)
         manifest: dict = {}
-        if (folder / "bundle.json").is_file():
-            manifest = json.loads((folder / "bundle.json").read_text())  # checked by the resolver
+        manifest_path = folder / "bundle.json"
+        if manifest_path.is_file():
+            manifest = read_json_object(manifest_path, "bundle.json")
+            check_manifest(manifest_path, manifest, tuple(VARIANTS))
         return cls(root=folder, variant=get_variant(name), manifest=manifest)
 
     # -- paths ------------------------------------------------------------------------------
@@ -127,7 +129,8 @@ class Bundle:
     def norm_stats(self) -> NormStats:
         v = self.variant
         return NormStats.from_json(
-            self.norm_stats_path, action_dim=v.action_dim, state_dim=v.state_dim
+            self.norm_stats_path, action_dim=v.action_dim, state_dim=v.state_dim,
+            horizon=v.horizon,
         )
 
     def check(self, backend: str = "onnx", suffixes: Suffixes | None = None) -> None:
@@ -188,18 +191,12 @@ _BUNDLE_MARKERS = ("bundle.json", "ctx", "onnx", "golden", "host")
 
 
 def _declared_variant(folder: Path) -> str | None:
+    """The variant ``folder/bundle.json`` names (checked against its schema), if any."""
     manifest = folder / "bundle.json"
     if not manifest.is_file():
         return None
-    try:
-        data = json.loads(manifest.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BundleError(f"{manifest} is not valid JSON ({exc}); rebuild the bundle") from None
-    declared = data.get("variant") if isinstance(data, dict) else None
-    if declared is not None and declared not in VARIANTS:
-        raise BundleError(f"{manifest} names variant {declared!r}; it must be one of "
-                          f"{', '.join(VARIANTS)}")
-    return declared
+    data = read_json_object(manifest, "bundle.json")
+    return check_manifest(manifest, data, tuple(VARIANTS)).get("variant")
 
 
 def resolve_bundles(path: Path | str, variant: str | None = None) -> list[tuple[str, Path]]:

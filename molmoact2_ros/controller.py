@@ -12,116 +12,34 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from .chunk_io import (  # noqa: F401  (re-exported: node.py and replay.py import them here)
+    PolicyFactory,
+    PolicyLike,
+    Published,
+    check_bundle,
+    chunk_message_fields,
+    load_policy,
+    trajectory_message_fields,
+)
 from .errors import MolmoActError
 from .execution import Executing, blend, chunk_timing, inpaint_guidance
-from .params import CONFIGURE, RELOAD, Settings, apply_kind, validate_changes
-from .policy import ActionChunk, Observation
-from .safety import SafetyReport, UnsafeChunk, apply_safety
-from .sync import NewestSlot
+from .params import Settings, validate_changes
+from .policy import Observation
+from .safety import UnsafeChunk, apply_safety
+from .stamps import StampGate, describe_jump
+from .swap import ACTIVE, FINALIZED, INACTIVE, UNCONFIGURED, SettingsControl
+from .sync import ApproxTimeSync, NewestSlot
 
-UNCONFIGURED, INACTIVE, ACTIVE, FINALIZED = "unconfigured", "inactive", "active", "finalized"
+__all__ = ["ACTIVE", "FINALIZED", "INACTIVE", "UNCONFIGURED", "Controller", "Published",
+           "chunk_message_fields", "trajectory_message_fields"]
 log = logging.getLogger("molmoact2_ros.controller")
 
 
-class PolicyLike(Protocol):
-    """What the controller needs from a policy (``molmoact2_ros.policy.Policy``)."""
-
-    flow_steps: int
-
-    def predict(self, obs: Observation) -> ActionChunk:
-        """Also called as ``predict(obs, guidance=InpaintGuidance)`` with blend=inpaint."""
-    def plan(self, instruction: str) -> Any: ...
-    def set_instruction(self, instruction: str) -> None: ...
-    def set_flow_steps(self, steps: int) -> None: ...
-    def reseed(self, seed: int | None) -> None: ...
-    def recover(self) -> None: ...
-    def close(self) -> None: ...
-
-
-PolicyFactory = Callable[[Settings], PolicyLike]
-
-
-def load_policy(settings: Settings) -> PolicyLike:
-    """Default factory: the bundle of the selected variant on the selected backend."""
-    from .bundle import Suffixes
-    from .policy import Policy
-
-    seed = settings["seed"]
-    return Policy.load(
-        settings.bundle_path(),
-        settings["variant"],
-        backend=settings["backend"],
-        suffixes=Suffixes.from_mapping(settings.suffixes()),
-        pipeline_options=settings.runtime_options() if settings["backend"] == "htp" else {},
-        flow_steps=settings.flow_steps(),
-        seed=None if seed < 0 else seed,
-        instruction=settings["instruction"] or None,
-    )
-
-
-@dataclass
-class Published:
-    """A chunk that passed safety, ready for the node to publish."""
-
-    chunk: ActionChunk
-    actions: np.ndarray
-    sequence: int
-    safety: SafetyReport
-    settings: Settings
-    received_ns: int
-    ready_ns: int
-    #: row i is due at start_ns + (i+1)·period; rows before first_future_index were due already
-    start_ns: int = 0
-    trajectory_stamp_ns: int = 0
-    first_future_index: int = 0
-
-
-def chunk_message_fields(out: Published) -> dict[str, Any]:
-    """The ActionChunk.msg fields of a published chunk as plain values (times in ns).
-
-    One mapping for the node (rclpy messages) and replay (rosbags messages).
-    """
-    s, chunk = out.settings, out.chunk
-    return {
-        "stamp_ns": chunk.observation_stamp_ns,
-        "sequence": out.sequence,
-        "variant": chunk.variant,
-        "context_suffix_vision": s["context_suffix.vision"],
-        "context_suffix_llm": s["context_suffix.llm"],
-        "context_suffix_action": s["context_suffix.action"],
-        "context_suffix_action_context": s["context_suffix.action_context"],
-        "flow_steps": chunk.flow_steps,
-        "instruction": chunk.instruction,
-        "action_names": list(s["action_names"]),
-        "horizon": int(out.actions.shape[0]),
-        "action_dim": int(out.actions.shape[1]),
-        "actions": out.actions.reshape(-1).astype(np.float32),
-        "period_ns": int(round(s["control_period_s"] * 1e9)),
-        "inference_latency_ns": int(out.ready_ns - out.received_ns),
-        "start_stamp_ns": int(out.start_ns),
-        "first_future_index": int(out.first_future_index),
-    }
-
-
-def trajectory_message_fields(out: Published) -> dict[str, Any]:
-    """JointTrajectory of a published chunk as plain values: header stamp (0 = start on
-    receipt), joint names, and per point its positions and ``time_from_start`` (ns)."""
-    period_ns = int(round(out.settings["control_period_s"] * 1e9))
-    return {
-        "stamp_ns": int(out.trajectory_stamp_ns),
-        "joint_names": list(out.settings["action_names"]),
-        "points": [
-            (row.astype(float).tolist(), (i + 1) * period_ns) for i, row in enumerate(out.actions)
-        ],
-    }
-
-
-class Controller:
+class Controller(SettingsControl):
     """ROS-free core of the policy node."""
 
     def __init__(
@@ -143,9 +61,11 @@ class Controller:
         self._slot = NewestSlot()
         self._wake = threading.Event()
         self._policy_lock = threading.Lock()  # held while a chunk runs or sessions swap
+        self._lock = threading.RLock()  # settings, pending changes and swap start: one place
         self._thread: threading.Thread | None = None
         self._running = False
         self._swap: threading.Thread | None = None
+        self._swapping = False
         self.pending_configure: dict = {}
         self._pending_live: dict = {}
         self.counts: Counter[str] = Counter()
@@ -154,6 +74,10 @@ class Controller:
         self.latency_estimate_s = 0.0
         self.last_observation_age_s = float("nan")
         self.health = ("ok", "")
+        self.last_clock_event = ""
+        self._stamps = StampGate()
+        self._sync: ApproxTimeSync | None = None
+        self._sync_drops_before = 0
         self._sequence = 0
         self._last_action: np.ndarray | None = None
         self._chunk_started_ns: int | None = None
@@ -167,13 +91,15 @@ class Controller:
     # -- lifecycle -----------------------------------------------------------------------------
     def configure(self) -> None:
         """Validate settings, load the runtime and warm it up. Raises MolmoActError."""
-        ok, reason = validate_changes(dict(self.settings.values), self.settings)
-        if not ok:
-            raise MolmoActError(reason)
-        self.settings = self.settings.with_changes(self.pending_configure)
-        self.pending_configure = {}
+        with self._lock:
+            ok, reason = validate_changes(dict(self.settings.values), self.settings)
+            if not ok:
+                raise MolmoActError(reason)
+            self.settings = self.settings.with_changes(self.pending_configure)
+            self.pending_configure = {}
+            settings = self.settings
         with self._policy_lock:
-            self.policy = self._factory(self.settings)
+            self.policy = self._factory(settings)
             try:
                 self._warm_up()
             except Exception:
@@ -200,16 +126,19 @@ class Controller:
         """Start accepting observations; ``worker=False`` leaves inference to the caller
         (``process_pending``), which is how replay runs one chunk per observation in order."""
         self._require(INACTIVE, "activate")
+        if self.policy is None:
+            raise MolmoActError(
+                "cannot activate: no runtime is loaded (the last swap and its rollback failed); "
+                "set 'variant' to load one, or cleanup and configure again")
         seed = self.settings["seed"]
         self.policy.reseed(None if seed < 0 else seed)
         self._last_action = None
         self._chunk_started_ns = None
         self._executing = None
+        self._stamps.reset()
         if worker:
             self._running = True
-            self._thread = threading.Thread(target=self._loop, name="molmoact2-inference",
-                                            daemon=True)
-            self._thread.start()
+            self._start_thread()
         self.state = ACTIVE
 
     def deactivate(self) -> None:
@@ -238,8 +167,13 @@ class Controller:
         self.state = UNCONFIGURED
 
     def _require(self, state: str, transition: str) -> None:
-        if self.state != state or self.policy is None:
+        if self.state != state:
             raise MolmoActError(f"cannot {transition} from state {self.state}")
+
+    def _start_thread(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="molmoact2-inference",
+                                        daemon=True)
+        self._thread.start()
 
     def _stop_thread(self) -> None:
         self._running = False
@@ -254,6 +188,45 @@ class Controller:
                 self.policy.close()
                 self.policy = None
 
+    # -- time ------------------------------------------------------------------------------------
+    def attach_sync(self, sync: ApproxTimeSync | None) -> None:
+        """The synchroniser feeding this controller: reset on clock jumps, counted in
+        diagnostics (``drop.sync_out_of_order``)."""
+        if self._sync is not None:
+            self._sync_drops_before += self._sync.dropped_out_of_order
+        self._sync = sync
+
+    def on_time_jump(self, delta_ns: int) -> None:
+        """The clock jumped by ``delta_ns`` (node: rclpy's jump callback; else seen in tick).
+
+        Backwards (sim-time reset, bag loop): forget queued messages, the held observation, the
+        last stamp and the trigger times, so output resumes on the new time line. Forwards:
+        counted only; staleness and the triggers already handle it.
+        """
+        self.last_clock_event = describe_jump(delta_ns)
+        if delta_ns >= 0:
+            self.counts["clock_jumps_forward"] += 1
+            log.warning("%s", self.last_clock_event)
+            return
+        self.counts["clock_resets"] += 1
+        self._stamps.reset()  # the next clock reading is the new baseline (no clock call here:
+        # rclpy runs this callback while it sets the time)
+        if self._sync is not None:
+            self._sync.reset()
+        self._slot.clear()
+        self._last_tick_ns = 0
+        self._chunk_started_ns = None
+        self._last_action = None
+        log.warning("%s (sim-time reset or bag loop): synchroniser, observation slot and "
+                    "triggers reset", self.last_clock_event)
+
+    def _watch_clock(self) -> int:
+        now = self._clock()
+        delta = self._stamps.clock_jump(now)
+        if delta:
+            self.on_time_jump(delta)
+        return now
+
     # -- inputs ----------------------------------------------------------------------------------
     def on_observation(
         self, images: Sequence[np.ndarray], state: np.ndarray, stamp_ns: int
@@ -262,6 +235,19 @@ class Controller:
         self.counts["synced"] += 1
         if self.state != ACTIVE:
             self.drops["inactive"] += 1
+            return
+        now = self._watch_clock()
+        tolerance_s = self.settings["max_future_stamp_s"]
+        reason = self._stamps.admit(int(stamp_ns), now, tolerance_s)
+        if reason is not None:
+            self.drops[reason] += 1
+            ahead_s = (stamp_ns - now) / 1e9
+            self._log_throttled(logging.WARNING, reason, (
+                f"observation stamped {ahead_s:+.3f} s from now skipped: "
+                + ("further ahead than max_future_stamp_s="
+                   f"{tolerance_s}; check the sensor clocks" if reason == "future_stamp" else
+                   "older than the last one; check the sensor clocks")
+                + f"; {self.drops[reason]} so far"))
             return
         replaced = self._slot.replaced
         self._slot.put(Observation(images=tuple(images), state=state, stamp_ns=stamp_ns),
@@ -276,8 +262,10 @@ class Controller:
         self.drops[reason] += 1
 
     def tick(self) -> None:
-        """Timer hook (node timer or replay clock) for the rate and chunk_consumed triggers."""
-        now = self._clock()
+        """Timer hook (node timer or replay clock) for the rate and chunk_consumed triggers;
+        it also restarts the inference thread if it ended and watches the clock."""
+        now = self._watch_clock()
+        self._ensure_thread()
         trigger = self.settings["trigger"]
         if trigger == "rate":
             if now - self._last_tick_ns >= 1e9 / self.settings["rate_hz"]:
@@ -294,11 +282,37 @@ class Controller:
 
     # -- inference -------------------------------------------------------------------------------
     def _loop(self) -> None:
-        while self._running:
-            self._wake.wait(0.1)
-            self._wake.clear()
+        """The inference thread: any error is caught, counted and reported; it never ends
+        silently (if it ends anyway, diagnostics say ERROR and ``tick`` restarts it)."""
+        try:
+            while self._running:
+                self._wake.wait(0.1)
+                self._wake.clear()
+                if not self._running:
+                    break
+                try:
+                    self.process_pending()
+                except Exception as exc:
+                    self.counts["inference_errors"] += 1
+                    self.health = ("error", f"inference failed: {type(exc).__name__}: {exc}")
+                    self._log_throttled(logging.ERROR, "inference_error",
+                                        f"inference failed, next observation continues: "
+                                        f"{type(exc).__name__}: {exc}")
+        finally:
             if self._running:
-                self.process_pending()
+                self.health = ("error", "inference thread ended unexpectedly; restarting it")
+                log.error("inference thread ended unexpectedly; it is restarted on the next tick")
+
+    def _ensure_thread(self) -> None:
+        """Restart the inference thread if it ended while the controller is active."""
+        thread = self._thread
+        if self._running and thread is not None and not thread.is_alive():
+            self.counts["inference_thread_restarts"] += 1
+            self._start_thread()
+
+    def thread_alive(self) -> bool:
+        """False when the inference thread should run but does not."""
+        return not self._running or (self._thread is not None and self._thread.is_alive())
 
     def process_pending(self) -> Published | None:
         """Run one chunk on the newest observation, if any; publish it if it is safe."""
@@ -332,6 +346,12 @@ class Controller:
             except MolmoActError as exc:
                 self.drops[type(exc).__name__] += 1
                 self._report_error(exc)
+                return None
+            except Exception as exc:  # a bug or a library error: counted, reported, survived
+                self.drops["inference_error"] += 1
+                self.health = ("error", f"inference failed: {type(exc).__name__}: {exc}")
+                self._log_throttled(logging.ERROR, "inference_error",
+                                    f"inference failed: {type(exc).__name__}: {exc}")
                 return None
             finally:
                 if self.health[0] == "error" and self.health[1].startswith("runtime failed"):
@@ -422,101 +442,6 @@ class Controller:
             self.health = ("error", f"runtime failed: {exc}")
         self._log_throttled(logging.ERROR, type(exc).__name__, f"inference skipped: {exc}")
 
-    # -- parameters ------------------------------------------------------------------------------
-    def validate(self, changes: dict) -> tuple[bool, str]:
-        """Synchronous check of a parameter batch (what ``ros2 param set`` sees)."""
-        ok, reason = validate_changes(changes, self.settings)
-        if not ok:
-            return ok, reason
-        proposed = self.settings.with_changes(changes)
-        if self._swap is not None and self._swap.is_alive() and apply_kind(changes) == RELOAD:
-            return False, "a session swap is in progress; try again when it finishes"
-        if apply_kind(changes) == RELOAD and self.state in (INACTIVE, ACTIVE):
-            ok, reason = check_bundle(proposed)
-            if not ok:
-                return ok, reason
-        if "instruction" in changes and changes["instruction"] and self.policy is not None:
-            if apply_kind(changes) != RELOAD:
-                try:
-                    self.policy.plan(changes["instruction"])
-                except MolmoActError as exc:
-                    return False, str(exc)
-        return True, ""
-
-    def apply(self, changes: dict) -> str:
-        """Apply a validated batch; returns how: live, reload (background) or configure."""
-        kind = apply_kind(changes)
-        if kind == CONFIGURE and self.state in (INACTIVE, ACTIVE):
-            self.pending_configure.update(changes)
-            return CONFIGURE
-        new = self.settings.with_changes(changes)
-        if kind == RELOAD and self.policy is not None:
-            old = self.settings
-            self._swap = threading.Thread(
-                target=self._swap_sessions, args=(old, new), name="molmoact2-swap", daemon=True
-            )
-            self.health = ("warn", "session swap in progress")
-            self._swap.start()
-            return RELOAD
-        # Never wait for a running chunk here (this runs in the parameter service): the
-        # change is queued and the inference thread applies it before its next chunk.
-        self.settings = new
-        self._pending_live.update(changes)
-        if self._policy_lock.acquire(blocking=False):
-            try:
-                self._apply_pending_live()
-            finally:
-                self._policy_lock.release()
-        return kind
-
-    def _apply_pending_live(self) -> None:
-        """Hand queued live changes to the policy; call with ``_policy_lock`` held."""
-        changes, self._pending_live = self._pending_live, {}
-        if self.policy is None:
-            return
-        if "flow_steps" in changes:
-            self.policy.set_flow_steps(self.settings.flow_steps() or self._default_steps())
-        if changes.get("instruction"):
-            self.policy.set_instruction(changes["instruction"])
-
-    def _default_steps(self) -> int:
-        from .variants import get_variant
-
-        return get_variant(self.settings["variant"]).default_flow_steps
-
-    def wait_for_swap(self, timeout_s: float | None = None) -> None:
-        if self._swap is not None:
-            self._swap.join(timeout_s)
-
-    def _swap_sessions(self, old: Settings, new: Settings) -> None:
-        """Pause inference, release the old sessions, load the new ones; roll back on failure."""
-        ok, reason = True, ""
-        with self._policy_lock:
-            if self.policy is not None:
-                self.policy.close()
-                self.policy = None
-            try:
-                self.policy = self._factory(new)
-                self.settings = new
-            except Exception as exc:
-                ok, reason = False, f"loading {new['variant']} failed ({exc}); rolled back"
-                log.error(reason)
-                try:
-                    self.policy = self._factory(old)
-                    self.settings = old
-                except Exception as exc2:
-                    reason += f"; the previous configuration failed to load too ({exc2})"
-                    self.settings = old
-            self._slot.clear()
-            self._last_action = None
-            self._executing = None
-            self.counts["swaps" if ok else "swap_failures"] += 1
-        self.health = ("ok", "") if ok else (
-            ("error", reason) if self.policy is None else ("warn", reason)
-        )
-        if self._on_swap_done is not None:
-            self._on_swap_done(ok, reason, self.settings)
-
     # -- diagnostics -----------------------------------------------------------------------------
     def diagnostics(self) -> dict[str, Any]:
         """Plain data for /diagnostics: status level, message and key values."""
@@ -528,6 +453,7 @@ class Controller:
             **{f"context_suffix.{g}": v or '""' for g, v in s.suffixes().items()},
             "flow_steps": getattr(self.policy, "flow_steps", s.flow_steps()),
             "trigger": s["trigger"],
+            "runtime_loaded": self.policy is not None,
             "observation_age_s": round(self.last_observation_age_s, 4),
             "latency_estimate_s": round(self.latency_estimate_s, 4),
             "execution.start": s["execution.start"],
@@ -535,15 +461,25 @@ class Controller:
             **{f"last_switch.{k}": round(v, 6) if isinstance(v, float) else v
                for k, v in self.last_switch.items()},
         }
+        if self.last_clock_event:
+            values["last_clock_event"] = self.last_clock_event
+        drops = Counter(self.drops)
+        sync_drops = self._sync_drops_before + (
+            self._sync.dropped_out_of_order if self._sync is not None else 0)
+        if sync_drops:
+            drops["sync_out_of_order"] = sync_drops
         values.update({f"count.{k}": v for k, v in sorted(self.counts.items())})
-        values.update({f"drop.{k}": v for k, v in sorted(self.drops.items())})
+        values.update({f"drop.{k}": v for k, v in sorted(drops.items())})
         values.update({f"latency_ms.{k}": round(v, 3) for k, v in self.last_latency_ms.items()})
         load_stats = getattr(getattr(self.policy, "pipeline", None), "load_stats", None)
         for worker, st in (load_stats() if callable(load_stats) else {}).items():
             values[f"load_s.{worker}"] = round(float(st.get("load_s", 0.0)), 3)
             values[f"peak_rss_mib.{worker}"] = round(float(st.get("peak_rss_mib", 0.0)), 1)
         level, message = self.health
-        if level == "ok" and not s["instruction"]:
+        if not self.thread_alive():
+            level = "error"
+            message = "inference thread is not running; restarting it on the next tick"
+        elif level == "ok" and not s["instruction"]:
             level, message = "warn", "no instruction: set the 'instruction' parameter"
         elif level == "ok" and self._in_past:
             level, message = "warn", (
@@ -552,15 +488,3 @@ class Controller:
         elif level == "ok" and self.drops.get("stale"):
             message = f"{self.drops['stale']} stale observations skipped"
         return {"level": level, "message": message or "running", "values": values}
-
-
-def check_bundle(settings: Settings) -> tuple[bool, str]:
-    """The bundle and context files a reload would need exist (cheap file checks only)."""
-    from .bundle import Bundle, Suffixes
-
-    try:
-        bundle = Bundle.open(settings.bundle_path(), settings["variant"])
-        bundle.check(settings["backend"], Suffixes.from_mapping(settings.suffixes()))
-    except MolmoActError as exc:
-        return False, str(exc)
-    return True, ""

@@ -20,6 +20,8 @@ from rcl_interfaces.msg import (
     SetParametersResult,
 )
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.clock import JumpThreshold
+from rclpy.duration import Duration as RclDuration
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 
 # Short lifecycle aliases, as in ros2/demos lifecycle_py: Node is rclpy's LifecycleNode.
@@ -31,9 +33,11 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from .controller import Controller, Published, chunk_message_fields, trajectory_message_fields
 from .errors import MolmoActError
+from .host.image_header import check_image_side
 from .host.images import decode_compressed, decode_image
 from .host.state import state_from_joint_state, state_from_pose
 from .params import PARAMS, PARAMS_BY_NAME, Settings
+from .stamps import CLOCK_JUMP_BACK_S, CLOCK_JUMP_FORWARD_S
 from .sync import ApproxTimeSync
 from .topics import subscription_topics
 
@@ -90,7 +94,6 @@ class PolicyNode(Node):
         self._tf_buffer = None
         self._tf_listener = None
         self._bridge = None
-        self._reverting = False
         super().__init__(node_name, **kwargs)
         for spec in PARAMS:
             self.declare_parameter(spec.name, spec.default, _descriptor(spec))
@@ -100,6 +103,13 @@ class PolicyNode(Node):
             clock_ns=lambda: self.get_clock().now().nanoseconds,
             on_swap_done=self._swap_done,
         )
+        # Sim-time resets and bag loops move the clock back: the controller then resets the
+        # synchroniser, the observation slot and the triggers (rclpy calls this after the jump).
+        self._jump_handle = self.get_clock().create_jump_callback(
+            JumpThreshold(min_forward=RclDuration(seconds=CLOCK_JUMP_FORWARD_S),
+                          min_backward=RclDuration(seconds=-CLOCK_JUMP_BACK_S),
+                          on_clock_change=True),
+            post_callback=lambda jump: self.controller.on_time_jump(jump.delta.nanoseconds))
         self._log_handler = _RosLogHandler(self.get_logger())
         logging.getLogger("molmoact2_ros").addHandler(self._log_handler)
         logging.getLogger("molmoact2_ros").setLevel(logging.INFO)
@@ -201,6 +211,7 @@ class PolicyNode(Node):
         s = self.controller.settings
         self._sync = ApproxTimeSync(3, int(s["sync.slop_s"] * 1e9), s["sync.queue_size"],
                                     self._on_synced)
+        self.controller.attach_sync(self._sync)
         image_type = CompressedImage if s["compressed_images"] else Image
         topics = subscription_topics(s)  # the same names replay resolves
         for stream, topic in enumerate(topics[:2]):
@@ -244,15 +255,18 @@ class PolicyNode(Node):
         self.controller.on_observation(images, state, min(i.stamp_ns for i in items))
 
     def _to_rgb(self, msg) -> np.ndarray:
+        max_side = self.controller.settings["max_image_side_px"]
         if isinstance(msg, CompressedImage):
-            return decode_compressed(msg.format, bytes(msg.data))
+            return decode_compressed(msg.format, bytes(msg.data), max_side_px=max_side)
+        check_image_side(msg.width, msg.height, max_side, "Image")
         if self._bridge is not None and msg.encoding in ("rgb8", "bgr8", "rgba8", "bgra8",
                                                          "mono8"):
             try:
                 return np.ascontiguousarray(self._bridge.imgmsg_to_cv2(msg, "rgb8"))
             except Exception as exc:  # cv_bridge errors are untyped; the core decoder says why
                 self.get_logger().debug(f"cv_bridge could not convert: {exc}")
-        return decode_image(msg.encoding, msg.height, msg.width, msg.step, msg.data)
+        return decode_image(msg.encoding, msg.height, msg.width, msg.step, msg.data,
+                            max_side_px=max_side)
 
     def _state(self, joint_state: JointState) -> np.ndarray:
         s = self.controller.settings
@@ -321,11 +335,12 @@ class PolicyNode(Node):
                 value = p.value
                 changes[p.name] = list(value) if isinstance(value, (list, tuple)) or (
                     hasattr(value, "tolist")) else value
-        if not changes or self._reverting:
+        if not changes:
             return SetParametersResult(successful=True)
-        ok, reason = self.controller.validate(changes)
+        # One step under the controller's lock; values equal to the running ones (as the
+        # revert after a failed swap sets) are accepted without effect.
+        ok, reason, how = self.controller.request(changes)
         if ok:
-            how = self.controller.apply(changes)
             if how == "configure":
                 self.get_logger().info(f"{sorted(changes)} apply at the next configure")
             elif how == "reload":
@@ -337,14 +352,10 @@ class PolicyNode(Node):
             self.get_logger().info(f"now running {settings['variant']}")
             return
         self.get_logger().error(reason)
-        # Put the parameters back to what actually runs, without re-triggering a reload.
-        self._reverting = True
-        try:
-            self.set_parameters([Parameter(name, value=settings[name]) for name in
-                                 ("variant", "backend", *(f"context_suffix.{g}" for g in
-                                                          settings.suffixes()))])
-        finally:
-            self._reverting = False
+        # Put the parameters back to what actually runs; equal to the controller's settings,
+        # they pass _on_set_parameters without effect (no reload is triggered).
+        self.set_parameters([Parameter(p.name, value=settings[p.name]) for p in PARAMS
+                             if p.apply == "reload"])
 
     # -- diagnostics -----------------------------------------------------------------------------
     def _make_diagnostics(self):

@@ -88,6 +88,12 @@ PARAMS: tuple[ParamSpec, ...] = (
     _p("execution.ensemble_decay", 0.01,
        "ensemble weights exp(-decay k), k = 0 for the oldest prediction (ACT)",
        float_range=(0.0, 10.0)),
+    _p("max_future_stamp_s", 0.5,
+       "observations stamped further ahead of the node's clock than this are skipped",
+       float_range=(0.0, 3600.0)),
+    _p("max_image_side_px", 4096,
+       "images wider or taller than this are refused from their header, before decoding",
+       int_range=(16, 65535)),
     _p("sync.slop_s", 0.05, "max stamp spread of a synchronised observation",
        CONFIGURE, float_range=(0.0, 10.0)),
     _p("sync.queue_size", 10, "messages kept per input for synchronisation", CONFIGURE,
@@ -160,6 +166,9 @@ def validate_value(name: str, value: Any, settings: Settings) -> tuple[bool, str
     spec = PARAMS_BY_NAME.get(name)
     if spec is None:
         return True, ""  # not ours (use_sim_time, diagnostic_updater.*): never reject
+    ok, reason = check_type(spec, value)
+    if not ok:
+        return ok, reason
     if spec.int_range and not (spec.int_range[0] <= value <= spec.int_range[1]):
         return False, f"{name}={value} is out of range [{spec.int_range[0]}, {spec.int_range[1]}]"
     if spec.float_range:
@@ -170,6 +179,34 @@ def validate_value(name: str, value: Any, settings: Settings) -> tuple[bool, str
     if name.startswith("bundle."):
         check = _check_bundle_path
     return check(name, value, settings) if check else (True, "")
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def check_type(spec: ParamSpec, value: Any) -> tuple[bool, str]:
+    """The value has the parameter's type (bool is not an int; a string is not a list)."""
+    want = spec.default
+    if isinstance(want, bool):
+        ok, kind = isinstance(value, bool), "a boolean (true/false)"
+    elif isinstance(want, int):
+        ok, kind = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif isinstance(want, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        kind = "a number"
+    elif isinstance(want, str):
+        ok, kind = isinstance(value, str), "a string"
+    elif want and isinstance(want[0], str):
+        ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+        kind = "a list of strings, e.g. ['a', 'b']"
+    else:
+        ok = isinstance(value, (list, tuple)) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        kind = "a list of numbers, e.g. [0.0]"
+    if ok:
+        return True, ""
+    return False, f"{spec.name}={value!r} is a {_type_name(value)}; it must be {kind}"
 
 
 def _check_variant(name, value, settings):
@@ -187,7 +224,17 @@ def _check_backend(name, value, settings):
 
 
 def _check_bundle_path(name, value, settings):
-    if value and not Path(value).expanduser().is_dir():
+    if not value:
+        return True, ""
+    try:
+        if "\x00" in value:
+            raise ValueError("it contains a NUL character")
+        exists = Path(value).expanduser().is_dir()
+    except (OSError, ValueError) as exc:  # name too long, NUL byte, ...
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        shown = repr(value[:80]) + ("..." if len(value) > 80 else "")
+        return False, f"{name}: {shown} is not a usable folder path ({why})"
+    if not exists:
         return False, f"{name}: folder {value!r} does not exist"
     return True, ""
 
@@ -226,8 +273,14 @@ def _check_limit_list(name, value, settings):
 
 def _check_state_names(name, value, settings):
     want = 8 if name == "state.joint_names" else 2
-    if len(value) != want or not all(value):
-        return False, f"{name} needs {want} non-empty names, got {list(value)}"
+    if len(value) != want or not all(value) or len(set(value)) != want:
+        return False, f"{name} needs {want} distinct non-empty names, got {list(value)}"
+    return True, ""
+
+
+def _check_instruction(name, value, settings):
+    if "\x00" in value:
+        return False, f"{name} contains a NUL character; use plain text"
     return True, ""
 
 
@@ -246,6 +299,7 @@ _CHECKS = {
     "max_step_delta": _check_limit_list,
     "state.joint_names": _check_state_names,
     "state.gripper_joint_names": _check_state_names,
+    "instruction": _check_instruction,
 }
 
 
@@ -277,6 +331,7 @@ __all__ = [
     "ParamSpec",
     "Settings",
     "apply_kind",
+    "check_type",
     "validate_changes",
     "validate_value",
 ]

@@ -65,6 +65,13 @@ class ApproxTimeSync:
         self._callback(match)
         return True
 
+    def reset(self) -> None:
+        """Forget queued messages and the last emitted stamp (the clock went back)."""
+        with self._lock:
+            for q in self._queues:
+                q.clear()
+            self._last_emitted_ns = -1
+
     def _match(self, item: Stamped) -> list[Stamped] | None:
         chosen: list[Stamped] = []
         for stream, q in enumerate(self._queues):

@@ -53,3 +53,32 @@ else:  # pytest 6 (Ubuntu 22.04 / Humble)
         if path.basename == "__init__.py":
             return pytest.Package.from_parent(parent, fspath=path)
         return pytest.Module.from_parent(parent, fspath=path)
+
+
+@pytest.fixture
+def no_leaks():
+    """Fail the test if it leaves a thread, child process, fd or /dev/shm entry behind.
+
+    Waits up to 5 s for things that stop asynchronously (joined threads, reaped workers).
+    The image preprocessing pool is a process-wide cache and is not counted.
+    """
+    import threading
+    import time
+
+    from htp_helpers import Snapshot
+
+    threads_before = set(threading.enumerate())
+    before = Snapshot.take()
+    yield
+    deadline = time.monotonic() + 5.0
+    while True:
+        threads = sorted(t.name for t in threading.enumerate()
+                         if t not in threads_before and t.is_alive()
+                         and not t.name.startswith("molmoact2-preprocess"))
+        problems = Snapshot.take().leaks_since(before)
+        if threads:
+            problems.append(f"threads left: {threads}")
+        if not problems or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not problems, "; ".join(problems)

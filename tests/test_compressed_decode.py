@@ -53,7 +53,7 @@ def test_sixteen_bit_png_is_refused():
     deep = (np.arange(48 * 64, dtype=np.uint16).reshape(48, 64) * 13)
     data = _encode(deep, "PNG")
     assert data[24] == 16  # a real 16-bit PNG
-    with pytest.raises(ObservationError, match="16-bit PNG; the policy needs 8-bit colour"):
+    with pytest.raises(ObservationError, match="16-bit png; the policy takes 8-bit colour"):
         decode_compressed("png", data)
 
 

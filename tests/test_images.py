@@ -11,6 +11,7 @@ import types
 
 import numpy as np
 import pytest
+from image_bytes import jpeg_header, png_header
 
 from molmoact2_ros.errors import ObservationError
 from molmoact2_ros.host.images import (
@@ -338,7 +339,7 @@ def _fake_cv2(result) -> types.ModuleType:
 def test_decode_compressed_cv2_path_returns_rgb(monkeypatch: pytest.MonkeyPatch) -> None:
     bgr = rand_u8(np.random.default_rng(3), 4, 6)
     monkeypatch.setitem(sys.modules, "cv2", _fake_cv2(bgr))
-    out = decode_compressed("jpeg", b"\xff\xd8 not really")
+    out = decode_compressed("jpeg", jpeg_header(6, 4) + b" not really")
     np.testing.assert_array_equal(out, bgr[:, :, ::-1])
     assert out.flags.c_contiguous
 
@@ -346,7 +347,7 @@ def test_decode_compressed_cv2_path_returns_rgb(monkeypatch: pytest.MonkeyPatch)
 def test_decode_compressed_cv2_corrupt(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "cv2", _fake_cv2(None))
     with pytest.raises(ObservationError, match="could not be decoded"):
-        decode_compressed("png", b"garbage")
+        decode_compressed("png", png_header(6, 4) + b"garbage")
 
 
 def test_decode_compressed_pillow_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -354,7 +355,7 @@ def test_decode_compressed_pillow_fallback(monkeypatch: pytest.MonkeyPatch) -> N
 
     class FakeImage:
         def __init__(self, data: bytes) -> None:
-            if not data.startswith(b"OK"):
+            if b"OK" not in data:
                 raise OSError("cannot identify image file")
 
         def __enter__(self) -> FakeImage:
@@ -371,16 +372,16 @@ def test_decode_compressed_pillow_fallback(monkeypatch: pytest.MonkeyPatch) -> N
     pil.Image = types.SimpleNamespace(open=lambda f: FakeImage(f.read()))
     monkeypatch.setitem(sys.modules, "cv2", None)
     monkeypatch.setitem(sys.modules, "PIL", pil)
-    np.testing.assert_array_equal(decode_compressed("png", b"OK..."), rgb)
+    np.testing.assert_array_equal(decode_compressed("png", png_header(6, 4) + b"OK..."), rgb)
     with pytest.raises(ObservationError, match="cannot identify"):
-        decode_compressed("png", b"bad")
+        decode_compressed("png", png_header(6, 4) + b"bad")
 
 
 def test_decode_compressed_without_decoders(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "cv2", None)
     monkeypatch.setitem(sys.modules, "PIL", None)
     with pytest.raises(ObservationError, match="pip install opencv-python-headless"):
-        decode_compressed("jpeg", b"\xff\xd8")
+        decode_compressed("jpeg", jpeg_header(6, 4))
 
 
 @pytest.mark.parametrize("fmt", ["16UC1; compressedDepth", "tiff"])

@@ -75,4 +75,4 @@ def test_launch_file_declares_the_documented_arguments():
                 if isinstance(node, ast.Call) and getattr(node.func, "id", "") ==
                 "DeclareLaunchArgument" and isinstance(node.args[0], ast.Constant)}
     assert {"namespace", "variant", "backend", "bundle_root", "params_file", "autostart",
-            "use_sim_time", "instruction"} <= declared
+            "use_sim_time", "instruction", "respawn", "respawn_delay"} <= declared

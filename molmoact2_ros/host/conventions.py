@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from ..errors import BundleError
+from ..schema import Field, check_fields, read_json_object
 
 PADDING_SIDES = ("right", "left")
 #: ``padding_only``: the action expert sees every valid prompt position.
@@ -49,19 +50,19 @@ class Conventions:
 
     @classmethod
     def from_json(cls, path: Path) -> Conventions:
+        data = read_json_object(path, "host/conventions.json (molmoact2 export-host writes it)")
+        kinds = {"float": float, "str": str, "bool": bool, "int": int}
+        schema = tuple(
+            Field(f.name, kinds[f.type],
+                  choices={"padding_side": PADDING_SIDES,
+                           "encoder_mask": ENCODER_MASK_POLICIES}.get(f.name, ()))
+            for f in fields(cls)
+        )
+        values = check_fields(path, data, schema, allow_unknown=False)
         try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise BundleError(
-                f"{path} is missing; copy conventions.json into the bundle's host/"
-            ) from None
-        except json.JSONDecodeError as exc:
-            raise BundleError(f"{path} is not valid JSON ({exc}); regenerate it") from None
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise BundleError(f"{path}: unknown keys {unknown}; known keys are {sorted(known)}")
-        return cls(**data)
+            return cls(**values)
+        except BundleError as exc:
+            raise BundleError(f"{path}: {exc}") from None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

@@ -11,6 +11,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import ObservationError
+from .image_header import (
+    MAX_IMAGE_SIDE_PX,
+    check_compressed_header,
+    check_image_side,
+    check_raw_encoding,
+)
 from .resample import normalise_into, patch_view, resize_levels
 
 #: sensor_msgs/Image encodings we decode: name -> (bytes per pixel, byte index of R, G, B).
@@ -63,7 +69,8 @@ def _as_int(value: Any, what: str) -> int:
         ) from None
 
 
-def decode_image(encoding: str, height: int, width: int, step: int, data: Any) -> np.ndarray:
+def decode_image(encoding: str, height: int, width: int, step: int, data: Any, *,
+                 max_side_px: int = MAX_IMAGE_SIDE_PX) -> np.ndarray:
     """Raw sensor_msgs/Image fields -> C-contiguous uint8 [H, W, 3] RGB.
 
     Rows are read through ``step`` so row padding is skipped without a copy; the only copy is
@@ -71,6 +78,7 @@ def decode_image(encoding: str, height: int, width: int, step: int, data: Any) -
     """
     spec = ENCODINGS.get(encoding)
     if spec is None:
+        check_raw_encoding(str(encoding))
         raise ObservationError(
             f"Image.encoding {encoding!r} is not supported (supported: {', '.join(ENCODINGS)}); "
             "set the camera driver to rgb8 or use CompressedImage"
@@ -83,6 +91,7 @@ def decode_image(encoding: str, height: int, width: int, step: int, data: Any) -
             f"Image size {width}x{height} (width x height) must be positive; "
             "the camera sent an empty frame"
         )
+    check_image_side(width, height, max_side_px, "Image")
     row_bytes = width * channels
     if step < row_bytes:
         raise ObservationError(
@@ -111,8 +120,11 @@ def decode_image(encoding: str, height: int, width: int, step: int, data: Any) -
     return np.array(rgb, dtype=np.uint8, order="C", copy=True)
 
 
-def decode_compressed(fmt: str, data: Any) -> np.ndarray:
-    """sensor_msgs/CompressedImage (jpeg/png) -> uint8 [H, W, 3] RGB via OpenCV, else Pillow."""
+def decode_compressed(fmt: str, data: Any, *, max_side_px: int = MAX_IMAGE_SIDE_PX) -> np.ndarray:
+    """sensor_msgs/CompressedImage (jpeg/png) -> uint8 [H, W, 3] RGB via OpenCV, else Pillow.
+
+    The header is checked first (PNG/JPEG, 8-bit, at most ``max_side_px`` a side), so a
+    decompression bomb or a 16-bit frame is refused without being decoded."""
     fmt_l = fmt.lower()
     if "compresseddepth" in fmt_l or (
         fmt_l.strip() and not any(k in fmt_l for k in ("jpeg", "jpg", "png"))
@@ -124,7 +136,8 @@ def decode_compressed(fmt: str, data: Any) -> np.ndarray:
     buf = _as_byte_array(data, "CompressedImage.data")
     if buf.size == 0:
         raise ObservationError("CompressedImage.data is empty; the camera sent no frame")
-    _reject_deep(fmt, buf)
+    _reject_deep(fmt)
+    check_compressed_header(fmt, buf, max_side_px)
     try:
         import cv2
     except ImportError:
@@ -160,20 +173,14 @@ def decode_compressed(fmt: str, data: Any) -> np.ndarray:
     return np.ascontiguousarray(rgb)
 
 
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def _reject_deep(fmt: str, buf: np.ndarray) -> None:
-    """16-bit frames (mono16/rgb16 formats, 16-bit PNG) would be cut to 8 bits silently by the
-    decoders; the policy needs 8-bit colour, so they are refused with the reason."""
+def _reject_deep(fmt: str) -> None:
+    """16-bit formats (mono16/rgb16, compressedDepth) would be cut to 8 bits silently by the
+    decoders; the policy needs 8-bit colour, so they are refused with the reason (a 16-bit
+    PNG under an 8-bit format name is caught from its header by ``check_compressed_header``)."""
     encoding = fmt.split(";")[0].strip().lower()
     if "16" in encoding:
         raise ObservationError(f"CompressedImage.format {fmt!r} is a 16-bit image; the policy "
                                "needs 8-bit colour (publish rgb8/bgr8 through jpeg or png)")
-    head = buf[:26].tobytes()
-    if head.startswith(_PNG_SIGNATURE) and len(head) == 26 and head[24] == 16:
-        raise ObservationError("CompressedImage holds a 16-bit PNG; the policy needs 8-bit "
-                               "colour (publish rgb8/bgr8 through jpeg or png)")
 
 
 def flip_180(img: np.ndarray) -> np.ndarray:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import BundleError
+from ..schema import Field, check_fields, check_list, read_json_object
 
 FORMAT = "molmoact2_norm_stats.v1"
 
@@ -53,43 +53,57 @@ class NormStats:
 
     @classmethod
     def from_json(
-        cls, path: Path, *, tag: str = "libero", action_dim: int = 7, state_dim: int = 8
+        cls, path: Path, *, tag: str = "libero", action_dim: int = 7, state_dim: int = 8,
+        horizon: int | None = None,
     ) -> NormStats:
         path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise BundleError(f"{path} is missing; the bundle must ship norm_stats.json") from None
-        except json.JSONDecodeError as exc:
-            raise BundleError(f"{path} is not valid JSON ({exc}); re-download it") from None
-        if data.get("format", FORMAT) != FORMAT:
-            raise BundleError(f"{path}: format {data.get('format')!r}, expected {FORMAT!r}")
-        mode = data.get("norm_mode", "q01_q99")
-        if mode != "q01_q99":
-            raise BundleError(f"{path}: norm_mode {mode!r} is not supported (only q01_q99)")
-        tags = data.get("metadata_by_tag", {})
+        data = read_json_object(path, "norm_stats.json (molmoact2_norm_stats.v1)")
+        top = check_fields(path, data, (
+            Field("format", str, choices=(FORMAT,)),
+            Field("norm_mode", str, choices=("q01_q99",)),
+            Field("metadata_by_tag", dict, required=True),
+        ))
+        tags = top["metadata_by_tag"]
         if tag not in tags:
             raise BundleError(f"{path}: no tag {tag!r} in metadata_by_tag (has {sorted(tags)})")
+        where = f"metadata_by_tag.{tag}."
         meta = tags[tag]
+        if not isinstance(meta, dict):
+            raise BundleError(f"{path}: {where[:-1]} must be an object")
+        fields = check_fields(path, meta, (
+            Field("action_horizon", int, minimum=1),
+            Field("n_action_steps", int, minimum=1),
+            Field("setup_type", str),
+            Field("control_mode", str),
+            Field("action_stats", dict, required=True),
+            Field("state_stats", dict, required=True),
+        ), where=where)
+        action_horizon = fields.get("action_horizon", 10)
+        if horizon is not None and action_horizon != horizon:
+            raise BundleError(
+                f"{path}: {where}action_horizon is {action_horizon} but the variant's action "
+                f"horizon is {horizon}; use the norm stats of the checkpoint the bundle was "
+                "exported from")
         return cls(
-            action=_feature(meta, "action_stats", action_dim, path),
-            state=_feature(meta, "state_stats", state_dim, path),
-            action_horizon=int(meta.get("action_horizon", 10)),
-            setup_type=str(meta.get("setup_type", "single franka robotic arm in libero")),
-            control_mode=str(meta.get("control_mode", "delta end-effector pose")),
+            action=_feature(meta, "action_stats", action_dim, path, where),
+            state=_feature(meta, "state_stats", state_dim, path, where),
+            action_horizon=action_horizon,
+            setup_type=fields.get("setup_type", "single franka robotic arm in libero"),
+            control_mode=fields.get("control_mode", "delta end-effector pose"),
         )
 
 
-def _feature(meta: dict, key: str, width: int, path: Path) -> FeatureStats:
-    if key not in meta:
-        raise BundleError(f"{path}: {key} is missing from the libero tag")
+def _feature(meta: dict, key: str, width: int, path: Path, where: str = "") -> FeatureStats:
     stats = meta[key]
-    arrays = {}
-    for field in ("q01", "q99"):
-        if field not in stats:
-            raise BundleError(f"{path}: {key}.{field} is missing")
-        arrays[field] = np.asarray(stats[field], dtype=np.float32)
-    mask = np.asarray(stats.get("mask", [True] * width), dtype=bool)
+    where = f"{where}{key}."
+    check_fields(path, stats, (Field("q01", list, required=True), Field("q99", list, required=True),
+                               Field("mask", list), Field("names", list)), where=where)
+    arrays = {name: np.asarray(check_list(path, stats[name], name, float, where=where),
+                               dtype=np.float32) for name in ("q01", "q99")}
+    mask = np.asarray(check_list(path, stats.get("mask", [True] * width), "mask", bool,
+                                 where=where), dtype=bool)
+    names = check_list(path, stats.get("names", [f"{key[:-6]}_{i}" for i in range(width)]),
+                       "names", str, where=where)
     for name, arr in (*arrays.items(), ("mask", mask)):
         if arr.shape != (width,):
             raise BundleError(
@@ -98,5 +112,9 @@ def _feature(meta: dict, key: str, width: int, path: Path) -> FeatureStats:
             )
     if not np.all(np.isfinite(arrays["q01"])) or not np.all(np.isfinite(arrays["q99"])):
         raise BundleError(f"{path}: {key} q01/q99 contain NaN or inf")
-    names = tuple(stats.get("names", [f"{key[:-6]}_{i}" for i in range(width)]))
-    return FeatureStats(names=names, q01=arrays["q01"], q99=arrays["q99"], mask=mask)
+    inverted = np.flatnonzero(mask & (arrays["q01"] > arrays["q99"]))
+    if inverted.size:
+        raise BundleError(
+            f"{path}: {where}q01 > q99 at index {inverted.tolist()}; the quantiles are swapped "
+            "or corrupt (q01 must be <= q99), which would mirror the actions")
+    return FeatureStats(names=tuple(names), q01=arrays["q01"], q99=arrays["q99"], mask=mask)

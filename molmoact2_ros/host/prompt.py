@@ -7,14 +7,15 @@ rows and the image rows change (``PromptPlan.embed``).
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass, field
+import string
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import BundleError, PromptError
+from ..schema import Field, check_fields, read_json_object
 from ..variants import VariantSpec
 from . import fp16
 from .conventions import Conventions
@@ -60,18 +61,46 @@ class PromptConfig:
     eos_token: str = "<|im_end|>"
     pad_token: str = "<|endoftext|>"
     normalize_language: bool = True
+    #: Where this config was read from (named in errors); not a prompt.json key.
+    source: str = field(default="prompt.json", compare=False)
 
     @classmethod
     def from_json(cls, path: Path) -> PromptConfig:
+        data = read_json_object(path, "host/prompt.json (molmoact2 export-host writes it)")
+        kinds = {"str": str, "int": int, "bool": bool}
+        schema = tuple(
+            Field(f.name, kinds[f.type], required=f.name in ("template", "setup", "control"),
+                  minimum=2 if f.name == "num_state_bins" else None)
+            for f in fields(cls) if f.name != "source"
+        )
+        values = check_fields(path, data, schema, allow_unknown=False)
+        config = cls(**values, source=str(path))
+        config.check_template()
+        return config
+
+    def check_template(self) -> None:
+        """The template names only {task}, {setup}, {control}, {state}, and names task/state."""
         try:
-            data = json.loads(Path(path).read_text())
-            return cls(**data)
-        except FileNotFoundError:
+            names = {name for _, name, _, _ in string.Formatter().parse(self.template)
+                     if name is not None}
+        except ValueError as exc:
+            raise BundleError(f"{self.source}: template is not a format string ({exc}); "
+                              "escape literal braces as {{ }}") from None
+        allowed = {"task", "setup", "control", "state"}
+        if names - allowed or not {"task", "state"} <= names:
             raise BundleError(
-                f"{path} is missing; the bundle's host/ needs prompt.json"
-            ) from None
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise BundleError(f"{path} is malformed ({exc}); regenerate prompt.json") from None
+                f"{self.source}: template fields {sorted(names)}; allowed "
+                f"{sorted(allowed)}, and {{task}} and {{state}} are required")
+        if not self.state_token_format.count("{}") == 1:
+            raise BundleError(f"{self.source}: state_token_format {self.state_token_format!r} "
+                              "must contain one '{}', e.g. '<state_{}>'")
+
+    def reserved_tokens(self) -> tuple[str, ...]:
+        """Marker tokens an instruction must not contain (they would corrupt the prompt)."""
+        return (self.image_placeholder, self.image_start_token, self.image_patch_token,
+                self.image_end_token, self.state_start_token, self.state_end_token,
+                self.bos_token, self.eos_token, self.pad_token, "<|im_start|>", "<|im_end|>",
+                "<|endoftext|>")
 
 
 class Tokenizer:
@@ -115,6 +144,10 @@ class EmbeddingTable:
             raise BundleError(f"{path} is truncated or not a .npy array ({exc})") from None
         if table.ndim != 2:
             raise BundleError(f"{path} has shape {table.shape}; expected [vocab, hidden]")
+        if table.dtype not in (np.float16, np.float32):
+            raise BundleError(
+                f"{path} holds {table.dtype} values; the embedding table must be float16 (or "
+                "float32): re-export it with molmoact2 export-host")
         self.path = Path(path)
         self.table = table
 
@@ -238,7 +271,17 @@ class PromptBuilder:
         self.variant = variant
         self.setup = setup if setup is not None else config.setup
         self.control = control if control is not None else config.control
-        tid = tokenizer.token_id
+        def tid(token: str) -> int:
+            try:
+                return tokenizer.token_id(token)
+            except BundleError:
+                name = next((f.name for f in fields(config)
+                             if getattr(config, f.name) == token), "state_token_format")
+                raise BundleError(
+                    f"{config.source}: {name} names token {token!r}, which {tokenizer.path} "
+                    "does not have; fix prompt.json, or use the tokenizer.json of the model "
+                    "the bundle was exported from") from None
+
         self.bos_id = tid(config.bos_token)
         self.eos_id = tid(config.eos_token)
         self.pad_id = tid(config.pad_token)
@@ -255,6 +298,8 @@ class PromptBuilder:
                 f"{tokenizer.path}: state tokens are not contiguous ids; prompt building "
                 "assumes <state_0>..<state_N-1> are consecutive"
             )
+        self._state_token = re.compile(
+            re.escape(config.state_token_format).replace(r"\{\}", "{}").format(r"\d+"))
         self._state_rows = table.rows(np.arange(self.state_base_id, last + 1))
         block = (
             config.image_start_token
@@ -330,7 +375,23 @@ class PromptBuilder:
                 "instruction is empty; set the 'instruction' parameter to the task, e.g. "
                 "'put the bowl on the plate'"
             )
+        self._check_reserved(instruction)
+        self._check_reserved(task)
         return task
+
+    def _check_reserved(self, text: str) -> None:
+        """Model marker tokens in the instruction are refused, naming the token."""
+        found = self._state_token.search(text)
+        token = found.group(0) if found else next(
+            (t for t in self.config.reserved_tokens() if t and t in text), None)
+        if token is None:
+            lowered = text.lower()
+            token = next((t for t in self.config.reserved_tokens()
+                          if t and t.lower() in lowered), None)
+        if token is not None:
+            raise PromptError(
+                f"instruction contains the reserved model token {token!r}; remove it "
+                "(marker tokens cannot be part of a task instruction)")
 
     def _state_positions(self, ids: np.ndarray, valid: np.ndarray) -> np.ndarray:
         starts = np.flatnonzero((ids == self.state_start_id) & valid)

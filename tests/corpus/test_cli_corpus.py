@@ -116,7 +116,7 @@ CASES = [
     ("bundle.json not JSON", ["conventions", "{made}"], _manifest("{variant"),
      "bundle.json is not valid JSON"),
     ("bundle.json unknown variant", ["conventions", "{made}"], _manifest('{"variant": "big"}'),
-     "bundle.json names variant 'big'; it must be one of grid_sampler, lp_vtp_sd, fused"),
+     "bundle.json: variant is 'big'; allowed: 'grid_sampler', 'lp_vtp_sd', 'fused'"),
     ("export-host corrupt safetensors", ["export-host", "{made}", "{tmp}/b",
                                          "--variant", "grid_sampler"], _corrupt_shard,
      "m.safetensors is not a readable safetensors file"),

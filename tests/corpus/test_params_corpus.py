@@ -1,0 +1,95 @@
+"""Bad parameter values: each refused with one line naming the parameter and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from molmoact2_ros.params import PARAMS, Settings, validate_changes
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+CASES = [
+    # (changes, words the one-line reason must contain)
+    ({"flow_steps": "5"}, ["flow_steps='5'", "str", "an integer"]),
+    ({"flow_steps": True}, ["flow_steps=True", "an integer"]),
+    ({"flow_steps": 2.5}, ["flow_steps=2.5", "an integer"]),
+    ({"flow_steps": -1}, ["flow_steps=-1", "out of range [0, 100]"]),
+    ({"flow_steps": 101}, ["flow_steps=101", "out of range"]),
+    ({"instruction": 5}, ["instruction=5", "a string"]),
+    ({"instruction": None}, ["instruction=None", "a string"]),
+    ({"instruction": "pick\x00up"}, ["instruction", "NUL"]),
+    ({"state.joint_names": "abcdefgh"}, ["state.joint_names='abcdefgh'", "a list of strings"]),
+    ({"state.joint_names": ["a"] * 8}, ["state.joint_names", "8 distinct"]),
+    ({"state.joint_names": list("abcdefg")}, ["state.joint_names", "8 distinct"]),
+    ({"state.joint_names": [1, 2, 3, 4, 5, 6, 7, 8]}, ["state.joint_names", "list of strings"]),
+    ({"state.gripper_joint_names": "ab"}, ["state.gripper_joint_names", "list of strings"]),
+    ({"state.gripper_joint_names": ["f", ""]}, ["state.gripper_joint_names", "non-empty"]),
+    ({"action_names": "xyzrpyg"}, ["action_names", "list of strings"]),
+    ({"action_names": list("xyzrpy")}, ["action_names", "7 distinct"]),
+    ({"action_min": [0.1, 0.2, 0.3]}, ["action_min", "7 finite values"]),
+    ({"action_min": [float("nan")] * 7}, ["action_min", "7 finite values"]),
+    ({"action_max": ["1"] * 7}, ["action_max", "a list of numbers"]),
+    ({"action_min": [1.0] * 7, "action_max": [0.5] * 7}, ["action_min must be <= action_max"]),
+    ({"max_step_delta": [0.0] * 7}, ["max_step_delta", "> 0"]),
+    ({"rate_hz": "2"}, ["rate_hz='2'", "a number"]),
+    ({"rate_hz": 0.0}, ["rate_hz=0.0", "out of range [0.01, 100.0]"]),
+    ({"rate_hz": float("nan")}, ["rate_hz=nan", "out of range"]),
+    ({"control_period_s": float("inf")}, ["control_period_s=inf", "out of range"]),
+    ({"max_observation_age_s": -1.0}, ["max_observation_age_s=-1.0", "out of range"]),
+    ({"max_future_stamp_s": -0.1}, ["max_future_stamp_s=-0.1", "out of range"]),
+    ({"max_image_side_px": 0}, ["max_image_side_px=0", "out of range [16, 65535]"]),
+    ({"max_image_side_px": "4096"}, ["max_image_side_px='4096'", "an integer"]),
+    ({"seed": 1.5}, ["seed=1.5", "an integer"]),
+    ({"seed": -2}, ["seed=-2", "out of range"]),
+    ({"compressed_images": "false"}, ["compressed_images='false'", "a boolean"]),
+    ({"flip_images": 1}, ["flip_images=1", "a boolean"]),
+    ({"sync.queue_size": 0}, ["sync.queue_size=0", "out of range [1, 1000]"]),
+    ({"sync.slop_s": "0.05"}, ["sync.slop_s='0.05'", "a number"]),
+    ({"variant": "huge"}, ["unknown variant 'huge'", "grid_sampler"]),
+    ({"variant": 5}, ["variant=5", "a string"]),
+    ({"backend": "gpu"}, ["unknown backend 'gpu'", "onnx"]),
+    ({"trigger": "sometimes"}, ["trigger='sometimes'", "on_observation"]),
+    ({"state.source": "imu"}, ["state.source='imu'", "joint_state, tf"]),
+    ({"context_suffix.llm": "../x"}, ["context_suffix.llm='../x'", "'_w4a16'"]),
+    ({"context_suffix.vision": 4}, ["context_suffix.vision=4", "a string"]),
+    ({"bundle.fused": "x" * 5000}, ["bundle.fused", "not a usable folder path", "too long"]),
+    ({"bundle.fused": "a\x00b"}, ["bundle.fused", "not a usable folder path"]),
+    ({"bundle.fused": "/nonexistent/molmoact2"}, ["bundle.fused", "does not exist"]),
+    ({"topics.joint_states": ["a"]}, ["topics.joint_states", "a string"]),
+    ({"runtime.release_on_exit": "yes"}, ["runtime.release_on_exit", "a boolean"]),
+    ({"runtime.call_timeout_s": "5"}, ["runtime.call_timeout_s", "a number"]),
+    ({"runtime.call_timeout_s": 0.0}, ["runtime.call_timeout_s", "out of range"]),
+    ({"runtime.load_order": "random"}, ["runtime.load_order", "parallel, sequential"]),
+    ({"execution.start": "later"}, ["execution.start", "observation, receipt"]),
+    ({"execution.blend": 1}, ["execution.blend", "a string"]),
+    ({"execution.blend": "smooth"}, ["execution.blend", "crossfade, ensemble, inpaint"]),
+    ({"execution.overlap_s": "0.2"}, ["execution.overlap_s", "a number"]),
+    ({"execution.crossfade_ramp": "cubic"}, ["execution.crossfade_ramp", "linear, cosine"]),
+    ({"execution.ensemble_decay": -0.1}, ["execution.ensemble_decay", "out of range"]),
+    ({"context_suffix.action_context": "w4a16"}, ["context_suffix.action_context"]),
+]
+
+
+@pytest.mark.parametrize("changes,words", CASES, ids=[repr(c)[:60] for c, _ in CASES])
+def test_bad_parameter_is_refused_in_one_line(changes, words, tmp_path):
+    settings = Settings().with_changes({"bundle.grid_sampler": str(tmp_path)})
+    ok, reason = validate_changes(changes, settings)
+    assert not ok
+    assert "\n" not in reason and len(reason) < 400, reason
+    for word in words:
+        assert word in reason, (word, reason)
+
+
+def test_every_parameter_has_a_type_case():
+    covered = {name for changes, _ in CASES for name in changes}
+    typed = {p.name for p in PARAMS if not p.name.startswith(("bundle.", "topics.", "state.b",
+                                                               "state.e", "context_suffix.a"))}
+    assert typed - covered <= {"bundle.grid_sampler", "bundle.lp_vtp_sd"}, typed - covered
+
+
+def test_defaults_and_good_values_pass(tmp_path):
+    settings = Settings().with_changes({"bundle.grid_sampler": str(tmp_path)})
+    good = {"flow_steps": 5, "instruction": "put the bowl on the plate", "rate_hz": 2,
+            "state.joint_names": [f"j{i}" for i in range(8)], "max_image_side_px": 1024,
+            "compressed_images": True, "action_min": [0.0]}
+    assert validate_changes(good, settings) == (True, "")
