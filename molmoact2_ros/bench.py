@@ -427,16 +427,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     """Add ``molmoact2 bench`` to the CLI."""
+    from .cli_args import int_at_least
+
     p = subparsers.add_parser(
         "bench", help="the host's critical path: preprocessing, embedding, controller, replay, "
         "runtime overhead vs its memory floor and a naive design (null sessions)"
     )
     p.add_argument("--variants", nargs="*", choices=list(VARIANTS),
                    help="variants to bench (default: all)")
-    p.add_argument("--chunks", type=int, default=50, help="chunks through design (a) and "
-                   "replay; use e.g. 10000 to watch RSS over a long run")
-    p.add_argument("--naive-chunks", type=int, default=3, help="chunks through design (b)")
-    p.add_argument("--steps", type=int, help="flow steps (default: the variant's)")
+    p.add_argument("--chunks", type=int_at_least(1), default=50,
+                   help="chunks through design (a) and replay; use e.g. 10000 to watch RSS over "
+                   "a long run")
+    p.add_argument("--naive-chunks", type=int_at_least(1), default=3,
+                   help="chunks through design (b)")
+    p.add_argument("--steps", type=int_at_least(1), help="flow steps (default: the variant's)")
     p.add_argument("--json", help="write every figure to this JSON file")
     from .closed_loop import add_arguments
 

@@ -311,20 +311,30 @@ def cmd_closed_loop(args: argparse.Namespace) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``--closed-loop`` options of ``molmoact2 bench``."""
+    from .cli_args import float_in, int_at_least
+
     g = p.add_argument_group("closed loop (--closed-loop)")
     g.add_argument("--closed-loop", action="store_true",
                    help="simulate a robot executing chunks: blend strategies vs latency")
-    g.add_argument("--latencies-ms", type=float, nargs="+", default=[100, 300, 600, 900])
-    g.add_argument("--jitter-ms", type=float, default=30.0)
-    g.add_argument("--blends", nargs="+", choices=BLENDS, default=list(BLENDS))
-    g.add_argument("--start", nargs="+", choices=START_MODES, default=["receipt"])
-    g.add_argument("--duration-s", type=float, default=20.0)
-    g.add_argument("--period-ms", type=float, default=50.0)
-    g.add_argument("--overlap-ms", type=float, default=250.0,
+    g.add_argument("--latencies-ms", type=float_in(0.0, 60_000.0), nargs="+",
+                   default=[100, 300, 600, 900], help="inference latencies to simulate")
+    g.add_argument("--jitter-ms", type=float_in(0.0, 60_000.0), default=30.0,
+                   help="uniform latency jitter, plus or minus")
+    g.add_argument("--blends", nargs="+", choices=BLENDS, default=list(BLENDS),
+                   help="execution.blend strategies to compare")
+    g.add_argument("--start", nargs="+", choices=START_MODES, default=["receipt"],
+                   help="execution.start modes to compare")
+    g.add_argument("--duration-s", type=float_in(0.0, 3600.0, low_open=True), default=20.0,
+                   help="simulated seconds per run")
+    g.add_argument("--period-ms", type=float_in(0.0, 10_000.0, low_open=True), default=50.0,
+                   help="control period of the simulated robot")
+    g.add_argument("--overlap-ms", type=float_in(0.0, 10_000.0), default=250.0,
                    help="execution.overlap_s: chunk left when the next one arrives")
-    g.add_argument("--horizon", type=int, default=20, help="synthetic policy chunk rows")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--horizon", type=int_at_least(1), default=20,
+                   help="synthetic policy chunk rows")
+    g.add_argument("--seed", type=int, default=0, help="scene and policy seed")
     g.add_argument("--bundle-root", help="also run the tiny bundle (folder with one per variant)")
-    g.add_argument("--variant", default="grid_sampler")
+    g.add_argument("--variant", default="grid_sampler", help="variant of --bundle-root to run")
     g.add_argument("--plot", help="write the actions-around-switches plot (PNG; matplotlib)")
-    g.add_argument("--plot-latency-ms", type=float, default=300.0)
+    g.add_argument("--plot-latency-ms", type=float_in(0.0, 60_000.0), default=300.0,
+                   help="the latency whose run the plot shows")

@@ -313,8 +313,6 @@ def to_markdown(report: dict) -> str:
 
 
 def cmd_device_report(args: argparse.Namespace) -> int:
-    if args.chunks < MIN_CHUNKS:
-        raise BundleError(f"--chunks {args.chunks}: use at least {MIN_CHUNKS} for p95")
     if (args.bag is None) != (args.golden is None):
         raise BundleError("give --bag and --golden together: the bag recorded on the robot and "
                           "the golden chunk bag made from it with 'replay --record'")
@@ -332,12 +330,16 @@ def cmd_device_report(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     """Add ``molmoact2 device-report`` to the CLI."""
+    from .cli_args import float_in, int_at_least
+
     p = subparsers.add_parser("device-report",
                               help="one Markdown + JSON report of this machine and the bundles")
     p.add_argument("bundle_root", help="folder with one bundle per variant, or one bundle")
     p.add_argument("--out", default="device-report.md", help="Markdown file; JSON next to it")
-    p.add_argument("--chunks", type=int, default=MIN_CHUNKS, help="chunks timed per section")
-    p.add_argument("--timeout", type=float, default=60.0, help="deadline per worker call, s")
+    p.add_argument("--chunks", type=int_at_least(MIN_CHUNKS), default=MIN_CHUNKS,
+                   help="chunks timed per section (at least 20, for a p95)")
+    p.add_argument("--timeout", type=float_in(0.0, 3600.0, low_open=True), default=60.0,
+                   help="deadline per worker call, s")
     p.add_argument("--bag", help="a bag recorded on the robot, replayed on the HTP (with --golden)")
     p.add_argument("--golden", help="the golden chunk bag made from --bag on a workstation "
                    "('molmoact2 replay BAG --backend onnx --record GOLDEN')")

@@ -322,7 +322,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     """Add ``molmoact2 doctor`` to the CLI."""
-    from .cli_args import parse_suffix
+    from .cli_args import float_in, int_at_least, parse_suffix
     from .variants import VARIANTS
 
     p = subparsers.add_parser("doctor", help="check this machine and a bundle for the HTP runtime")
@@ -332,6 +332,8 @@ def register(subparsers) -> None:
                    help="check only this variant of a root")
     p.add_argument("--suffix", type=parse_suffix, action="append", metavar="GROUP=SUFFIX",
                    help="context suffix per group (vision, llm, action), e.g. llm=_w4a16")
-    p.add_argument("--timeout", type=float, default=60.0, help="deadline per call, seconds")
-    p.add_argument("--repeats", type=int, default=5, help="chunks timed for the latency line")
+    p.add_argument("--timeout", type=float_in(0.0, 3600.0, low_open=True), default=60.0,
+                   help="deadline per call, seconds")
+    p.add_argument("--repeats", type=int_at_least(1), default=5,
+                   help="chunks timed for the latency line")
     p.set_defaults(func=cmd_doctor)
