@@ -47,8 +47,8 @@ def verdicts(host: dict, records: list[dict]) -> list[dict]:
                         ratio <= FLOOR_RATIO,
                         f"(a) {r['resident']['total']['median']:.2f} ms, plain copy of "
                         f"{r['floor_bytes']['total'] / 2**20:.1f} MiB "
-                        f"{r['floor']['plain copy']['median']:.2f} ms; null sessions make no "
-                        "library copies, so (a) is the runtime's own part"))
+                        f"{r['floor']['plain copy']['median']:.2f} ms; (a)'s null sessions copy "
+                        "inputs and outputs per call as qai_appbuilder does"))
         out.append(_row(f"naive {name} / resident", r["ratio"], ">= 10", r["ratio"] >= 10.0))
     ctl = host["controller overhead"]["median"]
     out.append(_row("controller overhead (ms)", ctl, f"<= {CONTROLLER_MS}", ctl <= CONTROLLER_MS))
