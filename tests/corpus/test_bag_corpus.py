@@ -12,6 +12,8 @@ import pytest
 pytest.importorskip("rosbags")
 from replay_helpers import obs_bag, run_cli, trace  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 INSTRUCTION = "put the bowl on the plate"
 
 

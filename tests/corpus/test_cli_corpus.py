@@ -12,6 +12,8 @@ import pytest
 
 from molmoact2_ros.cli import main
 
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 
 def _checkpoint(tiny: Path, tmp: Path) -> Path:
     """A minimal checkpoint folder: tokenizer.json plus one bfloat16 safetensors file."""

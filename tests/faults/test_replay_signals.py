@@ -13,6 +13,8 @@ import pytest
 pytest.importorskip("rosbags")
 from replay_helpers import obs_bag, trace  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 
 @pytest.mark.parametrize("sig,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_closes_the_output_bag(tiny_root, tmp_path, sig, status):
