@@ -52,7 +52,10 @@ def rig(tiny_root):
                  for v in ("grid_sampler", "lp_vtp_sd", "fused")]
     overrides += [Parameter("backend", value="onnx"),
                   Parameter("instruction", value=str(trace["instruction"])),
-                  Parameter("max_observation_age_s", value=5.0)]
+                  Parameter("max_observation_age_s", value=5.0),
+                  # the tiny model on a loaded CPU can take longer than a 0.5 s chunk, which
+                  # execution.start=observation would not publish; one test covers that mode
+                  Parameter("execution.start", value="receipt")]
     node = PolicyNode(namespace=ns, parameter_overrides=overrides)
     tester = rclpy.create_node("tester", namespace=ns)
     executor = MultiThreadedExecutor(num_threads=4)
@@ -127,11 +130,33 @@ def test_configure_activate_and_publish_both_outputs(rig):
     times = [p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in traj.points]
     assert np.allclose(np.diff(times), 0.05) and times[0] == pytest.approx(0.05)
     np.testing.assert_allclose(np.array([p.positions for p in traj.points]), actions, atol=1e-6)
-    # execution.start=observation (default): the trajectory runs from the observation stamp
-    start = (chunk.start_stamp.sec, chunk.start_stamp.nanosec)
-    assert (traj.header.stamp.sec, traj.header.stamp.nanosec) == start
-    assert start == (chunk.header.stamp.sec, chunk.header.stamp.nanosec)
-    assert 0 <= chunk.first_future_index < 10
+    # execution.start=receipt: zero header stamp (start when first sampled), nothing due yet
+    assert (traj.header.stamp.sec, traj.header.stamp.nanosec) == (0, 0)
+    start_ns = chunk.start_stamp.sec * 10**9 + chunk.start_stamp.nanosec
+    assert start_ns > chunk.header.stamp.sec * 10**9 + chunk.header.stamp.nanosec
+    assert chunk.first_future_index == 0
+
+
+def test_observation_start_stamps_the_trajectory_with_the_observation(rig):
+    """execution.start=observation: header stamp = observation stamp = start_stamp; a chunk of
+    10 x 2 s outlasts any latency here, so it is published with its first future index."""
+    node, got, publish, call, set_params = rig
+    assert all(r.successful for r in set_params(execution__start="observation",
+                                                    control_period_s=2.0))
+    try:
+        n_chunks, n_trajs = len(got["chunks"]), len(got["trajs"])
+        assert _publish_until_chunk(rig, n_chunks)
+        assert wait_for(lambda: len(got["trajs"]) > n_trajs, 10)
+        chunk, traj = got["chunks"][-1], got["trajs"][-1]
+        start = (chunk.start_stamp.sec, chunk.start_stamp.nanosec)
+        assert (traj.header.stamp.sec, traj.header.stamp.nanosec) == start
+        assert start == (chunk.header.stamp.sec, chunk.header.stamp.nanosec)
+        assert 0 <= chunk.first_future_index < 10
+        times = [p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in traj.points]
+        assert times[0] == pytest.approx(2.0) and np.allclose(np.diff(times), 2.0)
+    finally:
+        assert all(r.successful for r in set_params(execution__start="receipt",
+                                                        control_period_s=0.05))
 
 
 def test_parameters_good_and_bad(rig):
@@ -167,6 +192,7 @@ def test_services_answer_while_inference_runs(rig):
     assert state.current_state.label == "active" and params.values[0].string_value == "grid_sampler"
     assert busy, "services answered only after the chunk finished"
     assert wait_for(lambda: len(got["chunks"]) > n, 60)
+    assert got["chunks"][-1].first_future_index == 0  # receipt: every action still ahead
     assert set_params(flow_steps=0)[0].successful
 
 
@@ -231,7 +257,10 @@ def _fresh_node(tiny_root, **params):
                  for v in ("grid_sampler", "lp_vtp_sd", "fused")]
     overrides += [Parameter("backend", value="onnx"),
                   Parameter("instruction", value="put the bowl on the plate"),
-                  Parameter("max_observation_age_s", value=5.0)]
+                  Parameter("max_observation_age_s", value=5.0),
+                  # the tiny model on a loaded CPU can take longer than a 0.5 s chunk, which
+                  # execution.start=observation would not publish; one test covers that mode
+                  Parameter("execution.start", value="receipt")]
     overrides += [Parameter(k.replace("__", "."), value=v) for k, v in params.items()]
     return PolicyNode(namespace="n" + uuid.uuid4().hex[:8], parameter_overrides=overrides)
 
