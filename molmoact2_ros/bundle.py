@@ -222,8 +222,9 @@ def resolve_bundles(path: Path | str, variant: str | None = None) -> list[tuple[
             raise BundleError(f"{folder} has no bundle.json naming its variant; add --variant "
                               f"(one of {', '.join(VARIANTS)})")
         if variant is not None and declared is not None and variant != declared:
-            raise BundleError(f"{folder} holds variant {declared!r}, not {variant!r}; drop "
-                              f"--variant or give the {variant} folder")
+            raise BundleError(f"{folder} holds variant {declared!r}, not {variant!r}; give "
+                              f"the {variant} folder (the node's bundle.{variant}, or a "
+                              "command's BUNDLE) or leave the variant out")
         return [(variant or declared, folder.resolve())]
     present = [v for v in VARIANTS if (folder / v).is_dir()]
     if variant is not None:

@@ -112,7 +112,7 @@ CASES = [
      "holds no fused bundle (no fused/ folder; it has grid_sampler)"),
     ("variant folder of another variant", ["conventions", T + "/grid_sampler", "--variant",
                                            "fused"], None,
-     "holds variant 'grid_sampler', not 'fused'; drop --variant or give the fused folder"),
+     "holds variant 'grid_sampler', not 'fused'; give the fused folder"),
     ("no bundle.json, no --variant", ["conventions", "{made}"], _no_manifest,
      "has no bundle.json naming its variant; add --variant"),
     ("bundle.json not JSON", ["conventions", "{made}"], _manifest("{variant"),
