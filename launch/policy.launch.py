@@ -4,9 +4,10 @@
 
 Autostart uses lifecycle events (configure on process start, activate on reaching
 inactive), which works on Humble and Jazzy alike. With ``respawn:=true`` a node process that
-dies is started again after ``respawn_delay`` seconds, and autostart configures and activates
-the new process the same way (it is a new ProcessStarted event), as Nav2's lifecycle manager
-brings a restarted node back up.
+dies is started again after ``respawn_delay`` seconds and, with autostart, configures and
+activates itself (the node's ``autostart`` parameter), as Nav2's lifecycle manager brings a
+restarted node back up: a ChangeState request from here could reach the dead process's
+service, still discovered, and never be answered.
 """
 
 import os
@@ -87,7 +88,12 @@ def _launch(context):
     def arg(name):
         return LaunchConfiguration(name).perform(context)
 
-    overrides = {"use_sim_time": arg("use_sim_time").lower() in TRUE}
+    respawn = arg("respawn").lower() in TRUE
+    autostart = arg("autostart").lower() in TRUE
+    # With respawn the node starts itself: a ChangeState request sent when a respawned
+    # process starts can reach the dead process's service, still discovered, and hang.
+    overrides = {"use_sim_time": arg("use_sim_time").lower() in TRUE,
+                 "autostart": respawn and autostart}
     for name in ("variant", "backend", "instruction"):
         if arg(name):
             overrides[name] = arg(name)
@@ -105,11 +111,11 @@ def _launch(context):
         arguments=["--ros-args", "--log-level", arg("log_level")],
         output="screen",
         emulate_tty=True,
-        respawn=arg("respawn").lower() in TRUE,
+        respawn=respawn,
         respawn_delay=float(arg("respawn_delay")),
     )
     actions = [node]
-    if arg("autostart").lower() in TRUE:
+    if autostart and not respawn:
         configure = EmitEvent(event=launch_ros.events.lifecycle.ChangeState(
             lifecycle_node_matcher=launch.events.matches_action(node),
             transition_id=lifecycle_msgs.msg.Transition.TRANSITION_CONFIGURE))
@@ -121,8 +127,8 @@ def _launch(context):
                     lifecycle_node_matcher=launch.events.matches_action(node),
                     transition_id=lifecycle_msgs.msg.Transition.TRANSITION_ACTIVATE)),
             ]))
-        # On every start of the process (the first and each respawn): configure, then the
-        # handler above activates once it reaches inactive.
+        # When the process starts: configure, then the handler above activates once it
+        # reaches inactive.
         on_start = RegisterEventHandler(OnProcessStart(
             target_action=node,
             on_start=[LogInfo(msg="molmoact2 policy process started; configuring"), configure]))

@@ -117,6 +117,12 @@ class PolicyNode(Node):
         self._sensor_group = MutuallyExclusiveCallbackGroup()
         self._timer_group = MutuallyExclusiveCallbackGroup()
         self._diagnostics = self._make_diagnostics()
+        self._autostart_timer = None
+        if self.get_parameter("autostart").value:
+            # Once the executor spins: a respawned process cannot rely on the launch file's
+            # ChangeState request, which may still find the dead process's service.
+            self._autostart_timer = self.create_timer(0.0, self._autostart,
+                                                      callback_group=self._timer_group)
         try:
             from cv_bridge import CvBridge
 
@@ -125,6 +131,15 @@ class PolicyNode(Node):
             self.get_logger().info("cv_bridge not found: decoding images with the core decoder")
 
     # -- lifecycle ---------------------------------------------------------------------------------
+    def _autostart(self) -> None:
+        """configure, then activate, once (``autostart``); a failure is logged by the
+        transition and leaves the node where it stopped."""
+        self.destroy_timer(self._autostart_timer)
+        self._autostart_timer = None
+        self.get_logger().info("autostart: configuring and activating")
+        if self.trigger_configure() == TransitionCallbackReturn.SUCCESS:
+            self.trigger_activate()
+
     def on_configure(self, state: State) -> TransitionCallbackReturn:
         """Validate parameters, load the bundle, start the runtime, warm up.
 

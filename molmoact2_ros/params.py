@@ -63,6 +63,9 @@ PARAMS: tuple[ParamSpec, ...] = (
        CONFIGURE),
     _p("runtime.load_order", "parallel",
        "htp: load the contexts in parallel, or sequential (largest first)", CONFIGURE),
+    _p("autostart", False,
+       "configure and activate on its own when the process starts (launch respawn sets it, so a "
+       "restarted process comes back active)", CONFIGURE),
     _p("flow_steps", 0, "flow-matching steps; 0 = the variant default (10, or 2 for lp_vtp_sd)",
        int_range=(0, MAX_FLOW_STEPS)),
     _p("instruction", "", "task instruction, e.g. 'put the bowl on the plate'"),
