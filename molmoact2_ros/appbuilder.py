@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -37,8 +38,17 @@ def use_test_fake() -> Path:
 
 
 def using_test_fake() -> bool:
-    """True when workers will import the test fake (chosen here, or by a test's path setup)."""
-    return str(fake_path()) in sys.path
+    """True when workers will import the test fake (chosen here, or by a test's path setup):
+    the ``qai_appbuilder`` this path finds sits in a ``fake_qai_appbuilder`` folder. Found,
+    not imported: this process never imports qai_appbuilder."""
+    if str(fake_path()) in sys.path:
+        return True
+    try:
+        spec = importlib.util.find_spec("qai_appbuilder")
+    except (ImportError, ValueError):
+        return False
+    origin = getattr(spec, "origin", None) if spec is not None else None
+    return bool(origin) and Path(origin).resolve().parents[1].name == "fake_qai_appbuilder"
 
 
 def describe(backend: str) -> str:

@@ -8,6 +8,16 @@ from pathlib import Path
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def _package_logs_reach_caplog():
+    """ROS's ``launch`` (imported by launch_testing's pytest plugin) makes loggers created
+    after it non-propagating, which would hide the package's logs from ``caplog``."""
+    import logging
+
+    for name in ("molmoact2_ros", "molmoact2_ros.controller", "molmoact2_ros.runtime"):
+        logging.getLogger(name).propagate = True
+
+
 @pytest.fixture(scope="session")
 def tiny_root(tmp_path_factory) -> Path:
     """Folder with one tiny bundle per variant (``MOLMOACT2_TINY_BUNDLE`` or built here)."""
