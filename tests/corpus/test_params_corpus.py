@@ -57,6 +57,7 @@ CASES = [
     ({"bundle.fused": "/nonexistent/molmoact2"}, ["bundle.fused", "does not exist"]),
     ({"topics.joint_states": ["a"]}, ["topics.joint_states", "a string"]),
     ({"runtime.release_on_exit": "yes"}, ["runtime.release_on_exit", "a boolean"]),
+    ({"autostart": "true"}, ["autostart", "a boolean"]),
     ({"runtime.call_timeout_s": "5"}, ["runtime.call_timeout_s", "a number"]),
     ({"runtime.call_timeout_s": 0.0}, ["runtime.call_timeout_s", "out of range"]),
     ({"runtime.load_order": "random"}, ["runtime.load_order", "parallel, sequential"]),
