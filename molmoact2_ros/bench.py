@@ -24,7 +24,6 @@ import json
 import multiprocessing
 import os
 import platform
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,6 +32,7 @@ import numpy as np
 
 from .host.conventions import Conventions
 from .host.flow import euler_update, timesteps
+from .progress import counter
 from .runtime.null_backend import REAL_GEOMETRY, null_sessions
 from .runtime.session import NUMPY_DTYPES
 from .variants import ACTION_CONTEXT, ACTION_STEP, VARIANTS, VISION, VariantSpec
@@ -353,25 +353,6 @@ def format_record(r: dict) -> str:
     return "\n".join(lines)
 
 
-def _progress(total: int):
-    """A tqdm bar on stderr when tqdm is installed, else a no-op with the same two methods."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        class _Quiet:
-            def set_description(self, text: str) -> None:
-                pass
-
-            def update(self, n: int = 1) -> None:
-                pass
-
-            def close(self) -> None:
-                pass
-
-        return _Quiet()
-    return tqdm(total=total, file=sys.stderr, leave=False)
-
-
 def _load() -> list[float]:
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -392,7 +373,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"molmoact2 bench on {platform.machine()} ({os.cpu_count()} CPUs), "
           f"python {platform.python_version()}, numpy {np.__version__}; "
           f"load average {load_start}", flush=True)
-    bar = _progress(len(names) + 5)
+    bar = counter(len(names) + 5, "bench")
     records = []
     try:
         host = bench_host(names[0] if "lp_vtp_sd" not in names else "lp_vtp_sd",

@@ -40,3 +40,27 @@ def progress(items: Iterable[T], desc: str, *, total: int | None = None,
         print(f"{desc} [{i}/{total}] {label(item)} ({time.perf_counter() - start:.1f} s)",
               file=stream, flush=True)
         yield item
+
+
+class _Quiet:
+    """The bar's interface, doing nothing (not a terminal, tqdm missing, or turned off)."""
+
+    def set_description(self, text: str) -> None:
+        pass
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def counter(total: int, desc: str, *, unit: str = "it", enabled: bool = True,
+            stream: TextIO | None = None):
+    """A bar updated by hand (``update``, ``set_description``, ``close``): tqdm on a terminal,
+    else silent, so logs and pipes get only the results."""
+    stream = stream or sys.stderr
+    tqdm = _tqdm() if enabled and stream.isatty() else None
+    if tqdm is None:
+        return _Quiet()
+    return tqdm(total=total, desc=desc, unit=unit, file=stream, leave=False)

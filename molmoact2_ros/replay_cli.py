@@ -14,6 +14,7 @@ import numpy as np
 from .bundle import bundle_parameters
 from .cli_args import float_in, int_at_least
 from .errors import BagError, MolmoActError
+from .progress import counter
 from .variants import VARIANTS
 
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -139,16 +140,6 @@ class _Signals:
             signal.signal(sig, old)
 
 
-def _progress(total: int, enabled: bool):
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    show = enabled and sys.stderr.isatty()  # no bar in logs and pipes
-    return tqdm(total=total, unit="msg", desc="replay", file=sys.stderr, disable=not show,
-                leave=False)
-
-
 def cmd_replay(args: argparse.Namespace) -> int:
     from .bagio import prepare_output
     from .chunk_match import Tolerance, default_tolerance, format_summary, match_chunks
@@ -186,7 +177,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     state: dict[str, Any] = {"writer": None, "bar": None}
 
     def on_active(controller, bag_topics) -> None:
-        state["bar"] = _progress(bag_topics.total, not args.no_progress)
+        state["bar"] = counter(bag_topics.total, "replay", unit="msg",
+                               enabled=not args.no_progress)
         if args.record:
             prepare_output(Path(args.record), force=True, what="--record bag")
             steps = getattr(controller.policy, "flow_steps", settings.flow_steps())
