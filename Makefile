@@ -10,7 +10,8 @@ BIN := $(VENV)/bin
 
 $(BIN)/molmoact2: setup.py
 	@echo "== make: installing molmoact2_ros into $(VENV) with its test extra (numpy, tokenizers,"
-	@echo "   tqdm, onnxruntime, onnx, rosbags, safetensors, pytest, ruff); the first time takes 1-2 min"
+	@echo "   tqdm, pillow, opencv, numba, onnxruntime, onnx, rosbags, safetensors, matplotlib,"
+	@echo "   pytest, ruff); the first time takes 1-2 min"
 	@start=$$(date +%s); \
 	$(PYTHON) -m venv $(VENV) && \
 	$(BIN)/python -m pip install --quiet --upgrade pip && \

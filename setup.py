@@ -32,11 +32,14 @@ setup(
         "htp": ["qai-appbuilder==2.51.40; platform_machine=='aarch64'"],
         # replay reports and the closed-loop plot
         "plot": ["matplotlib>=3.5"],
-        # OpenCV: SIMD float16 sums for the embedding (numpy's casts are scalar on x86) and
-        # the peer preprocessing pipeline in ``molmoact2 bench``
-        "fast": ["opencv-python-headless>=4.10,<6"],
+        # OpenCV: SIMD float16 sums for the embedding (numpy's casts are scalar on x86), the
+        # table lookup into the arena and the peer preprocessing pipeline in ``molmoact2 bench``;
+        # numba: the one-pass torch-exact resize kernel (wheels for x86_64 and aarch64,
+        # Python 3.10-3.13, numpy 1.22-2.5 across its releases)
+        "fast": ["opencv-python-headless>=4.10,<6", "numba>=0.59,<1"],
         "test": [
             "opencv-python-headless>=4.10,<6",
+            "numba>=0.59,<1",
             "onnxruntime>=1.17",
             "onnx>=1.15",
             "rosbags>=0.10,<0.12",

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .host import resample_jit
 from .host.images import preprocess
 from .host.resample import patch_view
 from .runtime.null_backend import REAL_GEOMETRY
@@ -64,7 +65,9 @@ def peer_preprocess(frames: Sequence[np.ndarray], out: np.ndarray, size: int = 3
 
 
 def bench_preprocess(repeats: int) -> dict:
-    """Two frames into a float16 pixel_values buffer: ours and the peer's, same frames, in turns."""
+    """Two frames into a float16 pixel_values buffer, same frames, in turns: ours (the compiled
+    kernel where numba is installed), our numpy path when that is not what ours ran, and the
+    peer's."""
     rows: dict = {}
     rng = np.random.default_rng(0)
     try:
@@ -72,22 +75,35 @@ def bench_preprocess(repeats: int) -> dict:
         peer_ok = True
     except ImportError:
         peer_ok = False
+    kernel = resample_jit.kernel()
     for label, (h, w) in FRAME_SIZES.items():
         frames = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for _ in range(2)]
         ours = np.zeros((1, 2, 729, 588), np.float16)
+        numpy_path = np.zeros_like(ours)
         peer = np.zeros_like(ours)
         fns: dict[str, Callable[[], object]] = {
             f"preprocess {label}": lambda f=frames, o=ours: preprocess(f, out=o)
         }
+        if kernel != "numpy":
+            fns[f"numpy path {label}"] = lambda f=frames, o=numpy_path: _numpy_path(f, o)
         if peer_ok:
             fns[f"peer {label}"] = lambda f=frames, o=peer: peer_preprocess(f, o)
         rows.update(interleaved(fns, repeats))
+        rows[f"preprocess {label}"]["kernel"] = kernel
+        if kernel != "numpy":  # both designs must give the same bits
+            rows[f"numpy path {label}"]["same_values"] = bool(
+                np.array_equal(ours.view(np.uint16), numpy_path.view(np.uint16)))
         if peer_ok:  # how far the usual tools are from the processor's pixels
             levels = np.abs(ours.astype(np.float32) - peer.astype(np.float32)) * 127.5
             rows[f"peer {label}"]["pixels_off_by_1_or_more"] = float(np.mean(levels > 0.5))
         else:
             rows[f"peer {label}"] = {"skipped": "opencv-python-headless not installed"}
     return rows
+
+
+def _numpy_path(frames: Sequence[np.ndarray], out: np.ndarray) -> None:
+    with resample_jit.using("numpy"):
+        preprocess(frames, out=out)
 
 
 # -- a host-only bundle and null-session policies ---------------------------------------------

@@ -24,8 +24,15 @@ def verdicts(host: dict, records: list[dict]) -> list[dict]:
     for size, limit in PREPROCESS_MS.items():
         ours = host[f"preprocess {size}"]["median"]
         cpu = host[f"preprocess {size}"].get("cpu_median")
+        notes = [f"{host[f'preprocess {size}'].get('kernel', 'numpy')} kernel"]
+        if cpu is not None:
+            notes.append(f"CPU {cpu:.2f} ms, all threads")
+        numpy_path = host.get(f"numpy path {size}", {})
+        if "median" in numpy_path:
+            same = "same values" if numpy_path.get("same_values") else "VALUES DIFFER"
+            notes.append(f"numpy path {numpy_path['median']:.2f} ms, {same}")
         out.append(_row(f"preprocess 2 x {size} -> fp16 (ms)", ours, f"<= {limit}",
-                        ours <= limit, "" if cpu is None else f"CPU {cpu:.2f} ms, all threads"))
+                        ours <= limit, "; ".join(notes)))
         peer = host.get(f"peer {size}", {})
         if "median" in peer:
             ratio = ours / peer["median"]

@@ -5,9 +5,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from molmoact2_ros.host import resample_jit
 from molmoact2_ros.host.images import preprocess, resize_bilinear, to_unit_range
-from molmoact2_ros.host.resample import unit_table
+from molmoact2_ros.host.resample import plan, unit_table
 from molmoact2_ros.synth import reference_host as ref
+
+
+@pytest.fixture(params=["numpy", "numba"])
+def kernel(request):
+    """Run the test with each preprocessing implementation (numba only where installed)."""
+    if request.param == "numba":
+        pytest.importorskip("numba")
+        assert resample_jit.kernel() == "numba", "numba is installed but its kernel was refused"
+    with resample_jit.using(request.param):
+        yield request.param
 
 
 def _rand(seed: int, h: int, w: int) -> np.ndarray:
@@ -57,7 +68,7 @@ def test_unit_table_is_the_processor_formula() -> None:
 
 @pytest.mark.parametrize("hw", [(256, 256), (480, 640), (378, 378)])
 @pytest.mark.parametrize("flip", [False, True])
-def test_preprocess_into_arena_dtypes_equals_reference(hw: tuple, flip: bool) -> None:
+def test_preprocess_into_arena_dtypes_equals_reference(hw: tuple, flip: bool, kernel) -> None:
     primary, wrist = _rand(1, *hw), _rand(2, *hw)
     seen = [np.rot90(primary, 2), np.rot90(wrist, 2)] if flip else [primary, wrist]
     expected = ref.pixel_values(*seen)
@@ -69,7 +80,7 @@ def test_preprocess_into_arena_dtypes_equals_reference(hw: tuple, flip: bool) ->
     np.testing.assert_array_equal(out16, expected.astype(np.float16))
 
 
-def test_preprocess_numpy_lookup_equals_reference(monkeypatch) -> None:
+def test_preprocess_numpy_lookup_equals_reference(monkeypatch, kernel) -> None:
     from molmoact2_ros.host import resample
 
     monkeypatch.setattr(resample, "_cv2_lut", lambda: None)  # the path without OpenCV
@@ -79,3 +90,63 @@ def test_preprocess_numpy_lookup_equals_reference(monkeypatch) -> None:
         out = np.full((1, 2, 729, 588), np.nan, dtype)
         preprocess([primary, wrist], out=out)
         np.testing.assert_array_equal(out, expected.astype(dtype))
+
+
+@pytest.mark.parametrize(("in_hw", "size"), [((256, 256), 378), ((60, 2), 84), ((7, 9), 378)])
+def test_preprocess_kernels_on_odd_geometries(in_hw: tuple, size: int, kernel) -> None:
+    img = _rand(sum(in_hw), *in_hw)
+    expected = ref.preprocess_image(img, image_size=size)
+    out = np.full((1, 1) + expected.shape, np.nan, np.float32)
+    preprocess([img], size=size, out=out)
+    np.testing.assert_array_equal(out[0, 0], expected)
+
+
+def test_kernel_maths_uncompiled_equals_reference() -> None:
+    """The function numba compiles, run as plain Python on small frames (ties included): the
+    maths is checked even where numba is not installed."""
+    from molmoact2_ros.host.resample import lookup_into
+
+    ramp = (np.arange(20)[:, None, None] + np.arange(11)[None, :, None]
+            + np.zeros(3, int)).astype(np.uint8)
+    for img, size, flip in ((ramp, 28, False), (_rand(5, 9, 13), 14, True)):
+        p = plan(img.shape[0], img.shape[1], size, size, flip)
+        tables = resample_jit._tables(p)
+        grid = size // 14
+        index8 = np.zeros((grid * grid, 14 * 14 * 3), np.uint8)
+        resample_jit.resize_levels_patched(
+            img.reshape(img.shape[0], -1), tables.rows, tables.r0, tables.r1, tables.wy0,
+            p.wy1.reshape(-1), tables.c0, tables.c1, tables.wx0, p.wx1, 14, index8,
+            np.zeros((p.rows.size, size * 3), np.float32), np.zeros(img.shape[1] * 3, np.float32),
+            np.zeros(size * 3, np.uint8))
+        got = np.empty(index8.shape, np.float32)
+        lookup_into(index8, got)
+        seen = np.rot90(img, 2) if flip else img
+        np.testing.assert_array_equal(got, ref.preprocess_image(seen, image_size=size))
+
+
+def test_a_kernel_that_differs_is_refused(monkeypatch, caplog) -> None:
+    """A compiled kernel that does not reproduce the numpy path bit for bit (a compiler that
+    fused an FMA, say) is never used: preprocessing falls back to numpy and says why."""
+    pytest.importorskip("numba")
+    real = resample_jit._compile
+
+    def off_by_one_level(cache: bool):
+        fn = real(cache)
+
+        def wrong(*args):
+            fn(*args)
+            index8 = args[11]
+            index8[0, 0] = min(int(index8[0, 0]) + 1, 255) if index8[0, 0] < 255 else 254
+
+        return wrong
+
+    monkeypatch.setattr(resample_jit, "_compile", off_by_one_level)
+    resample_jit._reset()
+    try:
+        with caplog.at_level("WARNING", logger="molmoact2_ros.host.resample_jit"):
+            assert resample_jit.kernel() == "numpy"
+        assert "differs from the numpy path" in caplog.text
+        with pytest.raises(ValueError, match="not available"):
+            resample_jit.force("numba")
+    finally:
+        resample_jit._reset()

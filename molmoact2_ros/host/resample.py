@@ -190,19 +190,26 @@ def _cv2_lut():
 
 def normalise_into(levels: np.ndarray, patch: int, dst: np.ndarray) -> None:
     """Levels [S, S, 3] (uint8, or float32 holding integers) -> ``dst`` (contiguous float16 or
-    float32 [grid², p²·3]) as unit-range values in patch order: one reorder, one lookup.
+    float32 [grid², p²·3]) as unit-range values in patch order: one reorder, one lookup."""
+    grid = levels.shape[0] // patch
+    flat = dst.reshape(grid * grid, -1)
+    index8 = scratch("index8", flat.shape, np.uint8)
+    np.copyto(index8.reshape(grid, grid, patch, patch, 3), patch_view(levels, patch),
+              casting="unsafe")
+    lookup_into(index8, dst)
+
+
+def lookup_into(index8: np.ndarray, dst: np.ndarray) -> None:
+    """uint8 levels [grid², p²·3] in patch order -> unit-range values in ``dst`` (same shape,
+    float16 or float32): one table lookup per value.
 
     The lookup copies table entries bit for bit (float16 as uint16), so OpenCV's and numpy's
     results are the same; OpenCV reads one byte per index where numpy's take reads eight.
     """
-    grid = levels.shape[0] // patch
     table = unit_table(dst.dtype.str)
-    flat = dst.reshape(grid * grid, -1)
+    flat = dst.reshape(index8.shape)
     lut = _cv2_lut()
     if lut is not None and flat.shape[1] <= 4096:
-        index8 = scratch("index8", flat.shape, np.uint8)
-        np.copyto(index8.reshape(grid, grid, patch, patch, 3), patch_view(levels, patch),
-                  casting="unsafe")
         half = dst.dtype == np.float16  # as uint16: OpenCV builds without float16 LUTs
         view = flat.view(np.uint16) if half else flat
         try:
@@ -211,7 +218,6 @@ def normalise_into(levels: np.ndarray, patch: int, dst: np.ndarray) -> None:
             done = False
         if done:
             return
-    index = scratch("index", (dst.size,), np.intp)
-    np.copyto(index.reshape(grid, grid, patch, patch, 3), patch_view(levels, patch),
-              casting="unsafe")
+    index = scratch("index", (index8.size,), np.intp)  # take() would cast into a fresh one
+    np.copyto(index, index8.reshape(-1), casting="unsafe")
     np.take(table, index, out=dst.reshape(-1), mode="clip")
