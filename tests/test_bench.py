@@ -7,6 +7,7 @@ import json
 import numpy as np
 
 from molmoact2_ros.bench import floor_bytes
+from molmoact2_ros.bench_host import REPLAY_MIN_CHUNKS
 from molmoact2_ros.cli import main
 from molmoact2_ros.variants import VARIANTS
 
@@ -27,7 +28,12 @@ def test_bench_prints_every_row_and_a_verdict_per_target(tmp_path, capsys):
     host = payload["host"]
     assert host["preprocess 256x256"]["n"] == 3 and host["preprocess 640x480"]["n"] == 3
     assert host["controller overhead"]["n"] == 3
-    assert host["replay"]["chunks"] == 3 and not host["replay"]["drops"]
+    assert host["replay"]["chunks"] == REPLAY_MIN_CHUNKS and not host["replay"]["drops"]
+    kernel = host["preprocess 256x256"]["kernel"]
+    assert kernel in ("numba", "numpy")
+    if kernel == "numba":  # the two designs side by side, and the same bits from both
+        assert host["numpy path 256x256"]["same_values"] is True
+        assert host["numpy path 640x480"]["same_values"] is True
     assert host["node process RSS"]["published"] == 3
     try:
         import rclpy  # noqa: F401
