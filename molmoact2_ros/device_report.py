@@ -62,6 +62,10 @@ def platform_facts(probe: dict) -> dict:
         "machine": platform.machine(), "python": platform.python_version(),
         "numpy": np.__version__,
     }
+    from .host import fp16, resample_jit
+
+    facts["host_kernels"] = (f"preprocessing: {resample_jit.describe()}; fp16 sums: "
+                             f"{fp16.kernel()}")
     try:
         number = tuple(int(p) for p in glibc.split()[-1].split(".")[:2])
     except (ValueError, IndexError):

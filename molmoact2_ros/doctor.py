@@ -66,6 +66,15 @@ class Check:
 
 
 # -- machine ---------------------------------------------------------------------------------
+def check_host_kernels() -> Check:
+    """Which compiled host kernels this install uses: both paths are exact, the numpy ones
+    slower (preprocessing about 3x), so this informs rather than fails."""
+    from .host import fp16, resample_jit
+
+    return Check("host kernels", PASS, f"preprocessing: {resample_jit.describe()}; fp16 sums: "
+                 f"{fp16.kernel()}")
+
+
 def check_platform() -> Check:
     machine, system = platform.machine(), platform.system()
     if system == "Linux" and machine in ("aarch64", "arm64"):
@@ -93,8 +102,9 @@ def probe_qai_appbuilder(timeout_s: float = 120.0) -> dict:
 def check_qai(probe: dict) -> Check:
     if "error" in probe:
         return Check("qai_appbuilder", FAIL, f"not importable ({probe['error']})",
-                     f"pip install qai-appbuilder=={TESTED_WHEEL} (Linux aarch64 wheels need "
-                     "glibc 2.38 / Ubuntu 24.04; on older images build it against your QAIRT)")
+                     f"pip install qai-appbuilder=={TESTED_WHEEL} (its Linux aarch64 wheel for "
+                     "Python 3.10 needs glibc 2.35 / Ubuntu 22.04, those for 3.11-3.13 glibc "
+                     "2.39 / Ubuntu 24.04; on older images build it against your QAIRT)")
     note = " (qai_appbuilder: test fake, no NPU behind it)" if probe.get("fake") else ""
     other = "" if probe["version"] == TESTED_WHEEL else f"; tested with {TESTED_WHEEL}"
     return Check("qai_appbuilder", PASS, f"{probe['version']}{note} at {probe['dir']}{other}")
@@ -272,7 +282,7 @@ def run_checks(bundle_dir: Path, variant: str | None, suffixes: dict[str, str],
     checks = [check_platform()]
     probe = probe_qai_appbuilder()
     checks += [check_qai(probe), check_qnn_runtime(probe), check_cdsprpc(),
-               check_fastrpc_nodes(), check_library_paths(probe)]
+               check_fastrpc_nodes(), check_library_paths(probe), check_host_kernels()]
     try:
         from .bundle import Bundle, Suffixes, resolve_bundles
 

@@ -71,6 +71,7 @@ def _compile(cache: bool):
 
 _UNSET = object()
 _compiled_fn: object = _UNSET
+_why_not = ""
 _compile_lock = threading.Lock()
 
 
@@ -93,9 +94,11 @@ def _reset() -> None:
 
 
 def _build():
+    global _why_not
     try:
         import numba  # noqa: F401
     except ImportError:
+        _why_not = "numba not installed"
         return None
     try:
         try:
@@ -108,14 +111,27 @@ def _build():
             fn = _compile(cache=False)
             _self_check(fn)
     except _Mismatch as exc:
+        _why_not = f"compiled kernel refused: it differs from the numpy path ({exc})"
         log.warning("compiled preprocessing kernel differs from the numpy path (%s); "
                     "using numpy", exc)
         return None
     except Exception as exc:  # numba/LLVM failures differ by version: fall back, say why
+        _why_not = f"numba could not compile the kernel ({type(exc).__name__}: {exc})"
         log.warning("numba could not compile the preprocessing kernel (%s: %s); using numpy",
                     type(exc).__name__, exc)
         return None
     return fn
+
+
+def describe() -> str:
+    """One line for doctor and reports: which preprocessing kernel runs here, and why."""
+    name = kernel()
+    if name == "numba":
+        import numba
+
+        return f"numba {numba.__version__} kernel (self-checked against the numpy path)"
+    reason = "pinned" if _forced == "numpy" else _why_not
+    return f"numpy path ({reason}; pip install 'molmoact2_ros[fast]' for the compiled kernel)"
 
 
 class _Mismatch(RuntimeError):
