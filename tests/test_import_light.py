@@ -1,11 +1,13 @@
-"""``import molmoact2_ros`` needs numpy only: no rclpy, onnxruntime, tokenizers, qai_appbuilder."""
+"""``import molmoact2_ros`` needs numpy only: no rclpy, onnxruntime, tokenizers, qai_appbuilder,
+OpenCV or numba."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-HEAVY = ("rclpy", "onnxruntime", "onnx", "tokenizers", "qai_appbuilder", "rosbags", "cv2")
+HEAVY = ("rclpy", "onnxruntime", "onnx", "tokenizers", "qai_appbuilder", "rosbags", "cv2",
+         "numba")
 
 
 def test_import_pulls_in_nothing_heavy():
