@@ -8,6 +8,7 @@ the real hidden size, no graphs) is written to a temporary folder for the policy
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -292,6 +293,7 @@ def _rss_child(folder: str, chunks: int) -> None:
     import resource
 
     from .controller import Controller, chunk_message_fields
+    from .host import resample_jit
 
     variant = json.loads((Path(folder) / "bundle.json").read_text())["variant"]
     policy = null_policy(Path(folder), resident=True)
@@ -309,26 +311,43 @@ def _rss_child(folder: str, chunks: int) -> None:
     finally:
         controller.shutdown()
     # VmHWM, the high-water mark of this process's own memory map: ru_maxrss would carry the
-    # launching process's RSS across fork + exec.
-    status = Path("/proc/self/status").read_text().splitlines()
-    peak_kib = next((int(x.split()[1]) for x in status if x.startswith("VmHWM:")), None)
-    peak_mib = (peak_kib / 1024.0 if peak_kib is not None
-                else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
-    print(json.dumps({"peak_rss_mib": peak_mib, "workers": len(workers),
-                      "published": controller.counts["published"]}))
+    # launching process's RSS across fork + exec. RssAnon/RssFile split the final RSS into
+    # the process's own memory and mapped files (shared libraries, shared with other processes).
+    status = dict(line.split(":", 1) for line in
+                  Path("/proc/self/status").read_text().splitlines() if ":" in line)
+
+    def mib(key: str) -> float | None:
+        value = status.get(key, "").split()
+        return int(value[0]) / 1024.0 if value else None
+
+    peak_mib = mib("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    print(json.dumps({"peak_rss_mib": peak_mib, "anon_mib": mib("RssAnon"),
+                      "file_mib": mib("RssFile"), "kernel": resample_jit.kernel(),
+                      "workers": len(workers), "published": controller.counts["published"]}))
 
 
 def bench_rss(folder: Path, chunks: int) -> dict:
-    """Peak RSS of a fresh process running the controller on the resident runtime."""
+    """Peak RSS of a fresh process running the controller on the resident runtime; where the
+    compiled preprocessing kernel is in use, also of one pinned to the numpy path (numba's
+    LLVM is a large part of the process)."""
+    rows = {"node process RSS": _rss_run(folder, chunks, {})}
+    if rows["node process RSS"].get("kernel", "numpy") != "numpy":
+        from .host.resample_jit import ENV
+
+        rows["node process RSS, numpy path"] = _rss_run(folder, chunks, {ENV: "numpy"})
+    return rows
+
+
+def _rss_run(folder: Path, chunks: int, env: dict) -> dict:
     code = ("import sys; from molmoact2_ros.bench_host import _rss_child; "
             "_rss_child(sys.argv[1], int(sys.argv[2]))")
     proc = subprocess.run(  # noqa: S603 (fixed argv: this interpreter, our child)
         [sys.executable, "-c", code, str(folder), str(chunks)],
-        capture_output=True, text=True, timeout=600)
+        capture_output=True, text=True, timeout=600, env={**os.environ, **env})
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"node process RSS": {"skipped": f"child failed: {tail}"}}
-    return {"node process RSS": json.loads(proc.stdout.strip().splitlines()[-1])}
+        return {"skipped": f"child failed: {tail}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def bench_host(variant: str, repeats: int, chunks: int, progress=None) -> dict:
@@ -367,6 +386,11 @@ def format_host(rows: dict) -> str:
             lines.append(f"{name:<32} {row['chunks_per_s']:.0f} chunks/s ({row['chunks']} chunks "
                          f"in {row['seconds']:.2f} s, drops {row['drops']})")
         elif "peak_rss_mib" in row:
+            split = ""
+            if row.get("anon_mib") is not None and row.get("file_mib") is not None:
+                split = (f"; at the end {row['anon_mib']:.1f} anonymous + {row['file_mib']:.1f} "
+                         "mapped files")
             lines.append(f"{name:<32} peak {row['peak_rss_mib']:.1f} MiB over "
-                         f"{row['published']} chunks ({row['workers']} workers not counted)")
+                         f"{row['published']} chunks, {row.get('kernel', 'numpy')} "
+                         f"preprocessing{split} ({row['workers']} workers not counted)")
     return "\n".join(lines)

@@ -35,6 +35,9 @@ def test_bench_prints_every_row_and_a_verdict_per_target(tmp_path, capsys):
         assert host["numpy path 256x256"]["same_values"] is True
         assert host["numpy path 640x480"]["same_values"] is True
     assert host["node process RSS"]["published"] == 3
+    assert host["node process RSS"]["kernel"] == kernel
+    if kernel == "numba":  # the RSS of the same process pinned to the numpy path, beside it
+        assert host["node process RSS, numpy path"]["kernel"] == "numpy"
     try:
         import rclpy  # noqa: F401
     except ImportError:

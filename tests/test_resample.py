@@ -150,3 +150,20 @@ def test_a_kernel_that_differs_is_refused(monkeypatch, caplog) -> None:
             resample_jit.force("numba")
     finally:
         resample_jit._reset()
+
+
+def test_environment_pins_the_numpy_path_without_importing_numba() -> None:
+    """MOLMOACT2_PREPROCESS_KERNEL=numpy keeps numba (and its LLVM) out of the process."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np; from molmoact2_ros.host import images, resample_jit; "
+            "out = np.zeros((1, 1, 729, 588), np.float16); "
+            "images.preprocess([np.zeros((64, 64, 3), np.uint8)], out=out); "
+            "print(resample_jit.kernel(), 'numba' in sys.modules, resample_jit.describe())")
+    env = {**os.environ, resample_jit.ENV: "numpy"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=env).stdout.split(maxsplit=2)
+    assert out[:2] == ["numpy", "False"]
+    assert resample_jit.ENV in out[2]

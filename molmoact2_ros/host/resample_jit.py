@@ -17,6 +17,7 @@ self-check against the numpy path at first use, the numpy path runs and nothing 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -93,8 +94,20 @@ def _reset() -> None:
         _compiled_fn = _UNSET
 
 
+#: Environment variable pinning the implementation for a process: "numpy" never imports numba
+#: (its LLVM adds about 120 MiB to the process's RSS, mostly shared library pages), "numba"
+#: or unset/"auto" use the compiled kernel when it is installed and passes its self-check.
+ENV = "MOLMOACT2_PREPROCESS_KERNEL"
+
+
 def _build():
     global _why_not
+    choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if choice not in ("auto", "numba", "numpy"):
+        log.warning("%s=%r is not one of auto, numba, numpy; using auto", ENV, choice)
+    if choice == "numpy":
+        _why_not = f"{ENV}=numpy"
+        return None
     try:
         import numba  # noqa: F401
     except ImportError:
@@ -131,6 +144,8 @@ def describe() -> str:
 
         return f"numba {numba.__version__} kernel (self-checked against the numpy path)"
     reason = "pinned" if _forced == "numpy" else _why_not
+    if reason.startswith(ENV):
+        return f"numpy path ({reason})"
     return f"numpy path ({reason}; pip install 'molmoact2_ros[fast]' for the compiled kernel)"
 
 
