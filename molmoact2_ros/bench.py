@@ -12,9 +12,10 @@ sizes, fp16 like the HTP), so what is timed is everything but the NPU:
     copy and output copy in the library plus the copy of its outputs into the arena.
 
 Host rows (``bench_host``): preprocessing against a peer OpenCV pipeline on the same frames,
-the prompt embedding per variant, the controller's own overhead, replay throughput and the
-peak RSS of a process running the controller on the resident runtime. Each comparison runs in
-the same loop, in turns; a verdict per target closes the report.
+the prompt embedding per variant, the controller's own overhead, replay throughput, the rclpy
+node's own overhead with its rclpy floor (under ROS 2 only) and the peak RSS of a process
+running the controller on the resident runtime. Each comparison runs in the same loop, in
+turns; a verdict per target closes the report.
 """
 
 from __future__ import annotations

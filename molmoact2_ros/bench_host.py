@@ -1,4 +1,5 @@
-"""Host rows of ``molmoact2 bench``: preprocessing vs a peer pipeline, controller, replay, RSS.
+"""Host rows of ``molmoact2 bench``: preprocessing vs a peer pipeline, controller, replay, the
+rclpy node (under ROS 2), RSS.
 
 Everything runs on null sessions (real tensor sizes, no compute) behind the real host glue:
 a host-only bundle (the synthetic tokenizer and prompt, a random float16 embedding table of
@@ -194,26 +195,32 @@ def null_policy(folder: Path, *, resident: bool = False, instruction: str = "pic
         raise
 
 
+def _parameters(folder: Path, variant: str) -> dict:
+    """The node parameters of the controller, replay and node rows (the rest at defaults)."""
+    return {"variant": variant, f"bundle.{variant}": str(folder), "backend": "onnx",
+            "instruction": "pick up the bowl", "max_observation_age_s": 3600.0}
+
+
 def _settings(folder: Path, variant: str):
     from .params import Settings
 
-    return Settings().with_changes({
-        "variant": variant, f"bundle.{variant}": str(folder), "backend": "onnx",
-        "instruction": "pick up the bowl", "max_observation_age_s": 3600.0,
-    })
+    return Settings().with_changes(_parameters(folder, variant))
 
 
 class _TimedPolicy:
-    """Wraps a policy to time ``predict`` (the pipeline), so the controller's own part remains."""
+    """Wraps a policy to time ``predict`` (the pipeline), so the controller's own part remains;
+    the last time, and each by the observation's stamp."""
 
     def __init__(self, policy) -> None:
         self.policy = policy
         self.predict_ms = 0.0
+        self.by_stamp: dict[int, float] = {}
 
-    def predict(self, obs):
+    def predict(self, obs, **kwargs):
         start = time.perf_counter()
-        chunk = self.policy.predict(obs)
+        chunk = self.policy.predict(obs, **kwargs)
         self.predict_ms = (time.perf_counter() - start) * 1e3
+        self.by_stamp[obs.stamp_ns] = self.predict_ms
         return chunk
 
     def __getattr__(self, name: str):
@@ -279,13 +286,122 @@ def bench_replay(folder: Path, variant: str, chunks: int, tmp: Path) -> dict:
                        "drops": result.drops}}
 
 
-def bench_node() -> dict:
-    """The rclpy node row needs ROS 2; elsewhere it says so."""
+#: The node row: warm-up observations (discovery, first allocations), the pace of observations
+#: (a 20 Hz camera), the wait for one observation's outputs and for the node to come up.
+NODE_WARMUP = 5
+NODE_PERIOD_S = 0.05
+NODE_TIMEOUT_S = 2.0
+NODE_READY_S = 60.0
+
+
+def _node_child(folder: str, variant: str, namespace: str, kind: str) -> None:
+    """Child process of the node row until stdin closes: ``node``, the rclpy node on the timed
+    null policy, or ``relay``, its floor; prints predict's time per observation stamp and the
+    node's counts as JSON."""
+    from .node import serve_for_bench, serve_relay_for_bench
+
+    if kind == "relay":
+        predict: dict[int, float] = {}
+        result = serve_relay_for_bench(_settings(Path(folder), variant), namespace,
+                                       until=sys.stdin.read)
+    else:
+        policy = _TimedPolicy(null_policy(Path(folder)))
+        predict = policy.by_stamp
+        result = serve_for_bench(lambda settings: policy, _parameters(Path(folder), variant),
+                                 namespace, until=sys.stdin.read)
+    print(json.dumps({"predict_ms": {str(k): v for k, v in predict.items()}, **result}),
+          flush=True)
+
+
+def _drive_node_child(folder: Path, variant: str, observations: int, kind: str) -> tuple:
+    """Start ``_node_child`` of ``kind`` in a fresh process and drive it from this one
+    (``node.drive_for_bench``). :return: the per-observation timings and the child's report.
+    :raises RuntimeError: the child failed (the message ends with its last log line)."""
+    import secrets
+
+    from .node import drive_for_bench
+
+    rng = np.random.default_rng(5)
+    frames = [rng.integers(0, 256, (256, 256, 3), dtype=np.uint8) for _ in range(2)]
+    namespace = f"molmoact2_bench_{secrets.token_hex(4)}"  # no cross-talk with other runs
+    code = ("import sys; from molmoact2_ros.bench_host import _node_child; "
+            "_node_child(*sys.argv[1:5])")
+    with tempfile.TemporaryFile("w+") as log:
+        child = subprocess.Popen(  # noqa: S603 (fixed argv: this interpreter, our child)
+            [sys.executable, "-c", code, str(folder), variant, namespace, kind],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+        problem = ""
+        try:
+            timings = drive_for_bench(
+                namespace, _settings(folder, variant), frames, np.zeros(8, np.float32),
+                observations=observations, warmup=NODE_WARMUP, period_s=NODE_PERIOD_S,
+                timeout_s=NODE_TIMEOUT_S, ready_timeout_s=NODE_READY_S,
+                alive=lambda: child.poll() is None)
+            out, _ = child.communicate(input="", timeout=60)  # stdin closes: the node stops
+            if child.returncode != 0:
+                problem = f"{kind} process exit status {child.returncode}"
+            else:
+                report = json.loads(out.strip().splitlines()[-1])
+        except Exception as exc:
+            child.kill()
+            child.communicate()
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem:
+            log.seek(0)
+            tail = (log.read().strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"{problem}; {kind} process: {tail}")
+    return timings, report
+
+
+def bench_node(folder: Path, variant: str, observations: int) -> dict:
+    """The rclpy node's own overhead per observation, under ROS 2 (else one skip line).
+
+    The node (``node.PolicyNode`` on the null pipeline, configured and activated, spun by the
+    executor ``main`` uses) runs in a fresh process, as ``ros2 run`` starts it; this process
+    publishes the observations and takes the outputs (``node.drive_for_bench``), so the
+    messages cross processes over DDS loopback as on the robot, and the driver's Python does
+    not share the node's interpreter lock. Per observation: from just before the last input
+    message (the JointState, after the two Images) is published until the serialized
+    ActionChunk and JointTrajectory of its stamp have both arrived, minus ``predict``'s time
+    in the node process. That leaves DDS delivery both ways (serialization, loopback, the
+    inputs' deserialisation), executor scheduling, image conversion (cv_bridge or the core
+    decoder), state, synchronisation, the hand-over to the inference thread, the controller,
+    building and publishing both messages, and the driver's executor taking them.
+
+    The floor: the same run against ``node.BenchRelay`` (same topics, QoS, callback group and
+    executor; prebuilt outputs published from the callback), i.e. rclpy and DDS alone.
+    """
     import importlib.util
 
-    if importlib.util.find_spec("rclpy") is None:  # found, not imported: node.py's alone
+    # found, not imported: only node.py imports rclpy
+    if importlib.util.find_spec("rclpy") is None:
         return {"node": {"skipped": "rclpy not available"}}
-    return {"node": {"skipped": "rclpy found, but the node bench is not implemented yet"}}
+    if importlib.util.find_spec("molmoact2_ros.msg") is None:
+        return {"node": {"skipped": "molmoact2_ros.msg not built (colcon build the package "
+                                    "and source install/setup.bash)"}}
+    try:
+        timings, report = _drive_node_child(folder, variant, observations, "node")
+        floor, _ = _drive_node_child(folder, variant, observations, "relay")
+    except RuntimeError as exc:
+        return {"node": {"skipped": str(exc)}}
+    predict = {int(k): v for k, v in report["predict_ms"].items()}
+    done = [t for t in timings if t["chunk"] is not None and t["trajectory"] is not None
+            and t["stamp_ns"] in predict]
+    row = {"observations": observations, "received": len(done),
+           "lost": observations - len(done), "invalid": sum(not t["valid"] for t in done),
+           "published": report["counts"].get("published", 0), "drops": report["drops"],
+           "warmup": NODE_WARMUP, "period_s": NODE_PERIOD_S}
+    floor_ms = [(max(t["chunk"], t["trajectory"]) - t["sent"]) * 1e3 for t in floor
+                if t["chunk"] is not None and t["trajectory"] is not None]
+    if not done or not floor_ms:
+        return {"node": {"skipped": f"no observation gave both outputs "
+                                    f"({row}; floor: {len(floor_ms)} of {observations})"}}
+    e2e = [(max(t["chunk"], t["trajectory"]) - t["sent"]) * 1e3 for t in done]
+    pipeline = [predict[t["stamp_ns"]] for t in done]
+    overhead = [e - p for e, p in zip(e2e, pipeline)]
+    return {"node": {**stats(overhead), "end_to_end": stats(e2e),
+                     "predict (null)": stats(pipeline), "rclpy floor": stats(floor_ms),
+                     **row}}
 
 
 def _rss_child(folder: str, chunks: int) -> None:
@@ -366,7 +482,7 @@ def bench_host(variant: str, repeats: int, chunks: int, progress=None) -> dict:
         except Exception as exc:  # e.g. rosbags missing: report, keep the other rows
             rows["replay"] = {"skipped": f"{type(exc).__name__}: {exc}"}
         step("node")
-        rows.update(bench_node())
+        rows.update(bench_node(folder, variant, repeats))
         step("rss")
         rows.update(bench_rss(folder, chunks))
     return rows
@@ -376,10 +492,20 @@ def format_host(rows: dict) -> str:
     """The host rows as a table: timings with median/p95, the rest as one line each."""
     lines = ["== host (null sessions)",
              f"{'stage':<32} {'median ms':>10} {'p95 ms':>10} {'CPU ms':>10}"]
-    for name, row in rows.items():
+    for key, row in rows.items():
+        name = {"node": "rclpy node overhead"}.get(key, key)
         if "median" in row:
             cpu = f" {row['cpu_median']:>10.2f}" if "cpu_median" in row else ""
             lines.append(f"{name:<32} {row['median']:>10.2f} {row['p95']:>10.2f}{cpu}")
+            if "end_to_end" in row:
+                lines.append(
+                    f"  = last input published -> both outputs received "
+                    f"{row['end_to_end']['median']:.2f} ms minus predict "
+                    f"{row['predict (null)']['median']:.2f} ms (medians); {row['received']} of "
+                    f"{row['observations']} observations, {row['invalid']} invalid")
+                floor = row["rclpy floor"]
+                lines.append(f"{'  rclpy floor (relay, no work)':<32} {floor['median']:>10.2f} "
+                             f"{floor['p95']:>10.2f}")
         elif "skipped" in row:
             lines.append(f"{name:<32} skipped: {row['skipped']}")
         elif "chunks_per_s" in row:

@@ -60,9 +60,15 @@ def verdicts(host: dict, records: list[dict]) -> list[dict]:
     ctl = host["controller overhead"]["median"]
     out.append(_row("controller overhead (ms)", ctl, f"<= {CONTROLLER_MS}", ctl <= CONTROLLER_MS))
     node = host.get("node", {})
+    note = node.get("skipped", "")
+    if "median" in node:
+        note = (f"last input published -> both outputs received "
+                f"{node['end_to_end']['median']:.2f} ms minus predict "
+                f"{node['predict (null)']['median']:.2f} ms; rclpy floor (relay, no work) "
+                f"{node['rclpy floor']['median']:.2f} ms; {node['received']} of "
+                f"{node['observations']} observations; node in its own process")
     out.append(_row("rclpy node overhead (ms)", node.get("median"), f"<= {NODE_MS}",
-                    None if "median" not in node else node["median"] <= NODE_MS,
-                    node.get("skipped", "")))
+                    None if "median" not in node else node["median"] <= NODE_MS, note))
     replay = host.get("replay", {})
     rate = replay.get("chunks_per_s")
     out.append(_row("replay, null sessions (chunks/s)", rate, f">= {REPLAY_CHUNKS_PER_S:.0f}",
