@@ -23,6 +23,7 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
 
@@ -40,7 +41,9 @@ from .protocol import (
     OP_RUN,
     OP_STOP,
     REQUEST,
+    RUN_HANDOFF,
     ST_ERROR,
+    ST_HANDOFF,
     ST_LOAD_FAILED,
     ST_OK,
     ST_READY,
@@ -186,6 +189,11 @@ class BoundSession:
             for o in session.outputs
         ]
         self.output_index = {o.name: i for i, o in enumerate(session.outputs)}
+        # (arena view, output index): the hand-off outputs first, then the rest
+        first = [self.output_index[n] for n in binding.handoff if n in self.output_index]
+        rest = [i for i in range(len(self.outputs)) if i not in first]
+        self._handoff = [(self.outputs[i], i) for i in first if self.outputs[i] is not None]
+        self._rest = [(self.outputs[i], i) for i in rest if self.outputs[i] is not None]
 
     def write(self, name: str, value: np.ndarray | float) -> None:
         """Copy into a worker-local input (cast to its dtype)."""
@@ -201,13 +209,18 @@ class BoundSession:
         else:
             self.write(name, array.reshape(buffer.shape))
 
-    def run(self) -> list[np.ndarray]:
+    def run(self, handoff: Callable[[], None] | None = None) -> list[np.ndarray]:
+        """Run once; outputs go into the arena, the hand-off ones first, then ``handoff()``
+        (the next session may start), then the others."""
         for src, dst in self._casts:
             np.copyto(dst, src, casting="unsafe")
         outs = self.session.infer(self.arrays)
-        for dst, out in zip(self.outputs, outs):
-            if dst is not None:
-                np.copyto(dst, out, casting="unsafe")
+        for dst, index in self._handoff:
+            np.copyto(dst, outs[index], casting="unsafe")
+        if handoff is not None:
+            handoff()
+        for dst, index in self._rest:
+            np.copyto(dst, outs[index], casting="unsafe")
         return outs
 
 
@@ -286,7 +299,7 @@ class _Server:
                 self.shutdown(release_contexts=self.spec.release_on_exit)
                 return EXIT_OK
             try:
-                answer = reply(ST_OK, seq, self.handle(op, arg, frame[REQUEST.size :]))
+                answer = reply(ST_OK, seq, self.handle(op, arg, frame[REQUEST.size :], seq))
             except (LoadFailed, InferenceFailed) as exc:
                 answer = reply(ST_ERROR, seq, error_payload(exc.session or self.current, str(exc)))
             except Exception as exc:
@@ -303,11 +316,16 @@ class _Server:
             pass  # orchestrator gone; the next recv sees EOF
 
     # -- requests ----------------------------------------------------------------------------
-    def handle(self, op: int, arg: int, payload: bytes) -> bytes:
+    def handle(self, op: int, arg: int, payload: bytes, seq: int = 0) -> bytes:
         if op == OP_RUN:
             component = self.spec.components[0]
             start = time.perf_counter()
-            self._bound(component).run()
+
+            def handoff() -> None:
+                ms = (time.perf_counter() - start) * 1e3
+                self._send(reply(ST_HANDOFF, seq, struct.pack("<d", ms)))
+
+            self._bound(component).run(handoff if arg & RUN_HANDOFF else None)
             return struct.pack("<d", (time.perf_counter() - start) * 1e3)
         if op == OP_ACTION:
             return struct.pack("<dd", *self.run_action(arg))
