@@ -51,15 +51,21 @@ def test_bench_prints_every_row_and_a_verdict_per_target(tmp_path, capsys):
     assert all(v["verdict"] in ("meets", "misses", "skipped") for v in payload["verdicts"])
 
 
-def test_floor_counts_each_call_input_once_and_outputs_twice():
+def test_floor_counts_library_copies_and_arena_copies_of_shared_outputs():
     v = VARIANTS["lp_vtp_sd"]
     one, three = floor_bytes(v, 1), floor_bytes(v, 3)
     # hidden state in and out of every split: [1, S, H] fp16, S = 130, H = 2560
     hidden = 130 * 2560 * 2
-    assert one["total"] == one["inputs"] + 2 * one["outputs"]
-    assert one["inputs"] > 4 * hidden and one["outputs"] > 4 * hidden
-    # two more Euler steps add two more action_step calls, inputs and outputs alike
-    step = three["total"] - one["total"]
-    assert step > 0 and step % 2 == 0
-    kv = 2 * 36 * 130 * 1024 * 2  # keys + values of all layers, in action_context's inputs
+    kv = 2 * 36 * 130 * 1024 * 2  # keys + values of all layers
+    ctx = 2 * 36 * 130 * 8 * 96 * 2  # k_ctx + v_ctx
+    embeds = 32 * 2560 * 2
+    assert one["total"] == one["inputs"] + one["outputs"] + one["arena"]
     assert one["inputs"] >= kv + 4 * hidden + int(np.prod((1, 2, 729, 588))) * 2
+    assert one["outputs"] >= embeds + 4 * hidden + kv + ctx
+    # into the arena: what another process reads; not k_ctx/v_ctx (read in the action worker),
+    # not the last split's hidden_out (read by nobody), not action_step's output
+    assert one["arena"] == embeds + 3 * hidden + kv
+    # two more Euler steps add two more action_step calls' library copies, nothing to the arena
+    assert three["arena"] == one["arena"]
+    assert three["inputs"] - one["inputs"] == 2 * (ctx + (10 * 32 + 1 + 130 + 32) * 2)
+    assert three["outputs"] - one["outputs"] == 2 * 10 * 32 * 2

@@ -34,6 +34,8 @@ from .protocol import (
     OP_CALL,
     OP_PING,
     OP_RUN,
+    RUN_HANDOFF,
+    ST_HANDOFF,
     SessionSpec,
     WorkerSpec,
     dumps,
@@ -247,10 +249,7 @@ class ResidentPipeline:
                 np.copyto(self._views["inpaint_prefix"],
                           np.asarray(prefix, np.float32).reshape(self._x_shape))
                 np.copyto(self._views["inpaint_weights"], np.asarray(weights, np.float32))
-            worker_ms = 0.0
-            for split in self.variant.llm_splits:
-                (self._timings[split],) = self._run(self._owner[split], OP_RUN)
-                worker_ms += self._timings[split]
+            worker_ms = self._run_splits()
             context_ms, steps_ms = self._run(self._owner[ACTION_CONTEXT], OP_ACTION, steps)
             self._timings[ACTION_CONTEXT] = context_ms
             self._timings[ACTION_STEP] = steps_ms
@@ -258,6 +257,35 @@ class ResidentPipeline:
             overhead = wall_ms - worker_ms - context_ms - steps_ms
             self._timings["ipc"] = self._timings.get("ipc", 0.0) + overhead
             return np.array(self._views["x_out"])
+
+    def _run_splits(self) -> float:
+        """Run the LLM splits in turn; returns their time on the critical path (ms).
+
+        Split *i* answers ``ST_HANDOFF`` once its ``hidden_out`` is in the arena, and split
+        *i + 1* starts then, while split *i* still copies its K/V layers (another core). Every
+        split's final answer (all its outputs in the arena) is collected before the action
+        worker, which reads every K/V layer, is asked to run.
+        """
+        splits = self.variant.llm_splits
+        pending: list[tuple[str, WorkerHandle, int]] = []
+        critical_ms = 0.0
+        for split in splits[:-1]:
+            worker = self._owner[split]
+            seq = self._send(worker, OP_RUN, RUN_HANDOFF)
+            status, payload = self._receive(worker, seq, OP_RUN, handoff=True)
+            (ms,) = struct.unpack("<d", payload)
+            critical_ms += ms
+            if status == ST_HANDOFF:
+                pending.append((split, worker, seq))
+            else:  # already complete
+                self._timings[split] = ms
+        last = splits[-1]
+        (self._timings[last],) = self._run(self._owner[last], OP_RUN)
+        critical_ms += self._timings[last]
+        # every split's K/V layers are in the arena before the action worker is asked to run
+        for split, worker, seq in pending:
+            (self._timings[split],) = struct.unpack("<d", self._receive(worker, seq, OP_RUN)[1])
+        return critical_ms
 
     def run_component(self, component: str, feeds: Mapping[str, np.ndarray]) -> dict:
         """One session on given feeds (golden parity): arrays go through the pipe here."""
@@ -379,6 +407,34 @@ class ResidentPipeline:
         payload = self._call(worker, op, arg)
         return struct.unpack(f"<{len(payload) // 8}d", payload)
 
+    def _send(self, worker: WorkerHandle, op: int, arg: int = 0) -> int:
+        self._check_usable()
+        try:
+            return worker.send(op, arg, running=lambda: self._session_of(worker))
+        except WorkerFailed as exc:
+            self._failed = exc
+            raise
+
+    def _receive(
+        self, worker: WorkerHandle, seq: int, op: int, *, handoff: bool = False
+    ) -> tuple[int, bytes]:
+        try:
+            return worker.receive(seq, op, timeout=self.options.call_timeout_s,
+                                  running=lambda: self._session_of(worker), handoff=handoff)
+        except WorkerFailed as exc:
+            self._failed = exc
+            raise
+
+    def _check_usable(self, during_recovery: bool = False) -> None:
+        if not self._finalizer.alive:
+            raise RuntimeBackendError("the resident pipeline is closed")
+        if self._failed is not None and not during_recovery:
+            raise WorkerFailed(
+                f"the resident pipeline is down ({self._failed}); call restart()",
+                worker=self._failed.worker,
+                session=self._failed.session,
+            )
+
     def _call(
         self,
         worker: WorkerHandle,
@@ -391,14 +447,7 @@ class ResidentPipeline:
         during_recovery: bool = False,
     ) -> bytes:
         """One request/reply; a failure marks the worker and puts the pipeline down."""
-        if not self._finalizer.alive:
-            raise RuntimeBackendError("the resident pipeline is closed")
-        if self._failed is not None and not during_recovery:
-            raise WorkerFailed(
-                f"the resident pipeline is down ({self._failed}); call restart()",
-                worker=self._failed.worker,
-                session=self._failed.session,
-            )
+        self._check_usable(during_recovery)
         try:
             return worker.request(
                 op,

@@ -1,9 +1,11 @@
 """Arena layout: which tensors live in shared memory, in which dtype, and who reads/writes them.
 
 Inputs the host writes take the dtype of the session that reads them; a split's
-``hidden_out`` takes the dtype of the next split's ``hidden_states`` (fp16 stays fp16); split
-*i* writes its keys/values into layers ``[L0+..+L(i-1), +Li)`` of the ``[L,1,S,KV]`` buffers
-that action_context reads. ``x0``/``x_out`` are float32 (the host's flow state), ``status``
+``hidden_out`` takes the dtype of the next split's ``hidden_states`` (fp16 stays fp16) and is
+its hand-off output (written first; the next split may start before the K/V copy is done);
+the last split's ``hidden_out`` feeds nothing and gets no region. Split *i* writes its
+keys/values into layers ``[L0+..+L(i-1), +Li)`` of the ``[L,1,S,KV]`` buffers that
+action_context reads. ``x0``/``x_out`` are float32 (the host's flow state), ``status``
 holds the session each worker is running (failure reports); ``inpaint_prefix``/``inpaint_weights``
 carry the previous actions and per-row weights for inpainting (weights all 0 = off).
 """
@@ -59,21 +61,16 @@ def plan_arena(
     add("values", inp(ACTION_CONTEXT, "values"))
     first = 0
     for i, split in enumerate(splits):
-        produced = out(split, "hidden_out")
-        consumer = inp(splits[i + 1], "hidden_states").dtype if i + 1 < len(splits) else None
-        hidden_out = add(f"hidden_out{i}", produced, consumer)
         layers = (first, first + geometry.layers_per_split[i])
         first = layers[1]
-        bindings[split] = Binding(
-            split,
-            {"hidden_states": hidden, "attention_bias": bias},
-            {
-                "hidden_out": hidden_out,
-                "keys": Slot("keys", layers),
-                "values": Slot("values", layers),
-            },
-        )
-        hidden = hidden_out
+        inputs = {"hidden_states": hidden, "attention_bias": bias}
+        outputs = {"keys": Slot("keys", layers), "values": Slot("values", layers)}
+        if i + 1 < len(splits):  # the last split's hidden_out feeds nothing: no region, no copy
+            consumer = inp(splits[i + 1], "hidden_states").dtype
+            hidden = add(f"hidden_out{i}", out(split, "hidden_out"), consumer)
+            outputs["hidden_out"] = hidden
+        handoff = ("hidden_out",) if "hidden_out" in outputs else ()
+        bindings[split] = Binding(split, inputs, outputs, handoff)
     bindings[ACTION_CONTEXT] = Binding(
         ACTION_CONTEXT, {"keys": Slot("keys"), "values": Slot("values")}
     )

@@ -19,18 +19,23 @@ REQUEST = struct.Struct("<BII")
 REPLY = struct.Struct("<BI")
 
 # requests
-OP_RUN = 1  # run the worker's session from arena inputs to arena outputs
+OP_RUN = 1  # run the worker's session from arena inputs to arena outputs (arg: RUN_* flags)
 OP_ACTION = 2  # action worker: action_context once, then arg Euler steps; x0 → x_out
 OP_CALL = 3  # run one session on pickled feeds, reply pickled outputs (parity, doctor)
 OP_ATTACH = 4  # pickled (layout, bindings, status index); the arena fd follows (SCM_RIGHTS)
 OP_PING = 5
 OP_STOP = 6  # release the perf vote and the contexts, reply, exit
 
+#: OP_RUN flag: answer ST_HANDOFF as soon as the binding's hand-off outputs are in the arena,
+#: then ST_OK once every output is (the next split starts while this one copies its K/V)
+RUN_HANDOFF = 1
+
 # replies
 ST_OK = 1
 ST_ERROR = 2  # payload: "<session>\0<message>" (utf-8)
 ST_READY = 3  # payload: pickled ({component: (inputs, outputs)}, {"load_s", "peak_rss_mib"})
 ST_LOAD_FAILED = 4  # payload: "<session>\0<message>"
+ST_HANDOFF = 5  # RUN_HANDOFF: hand-off outputs are in the arena (payload: ms); ST_OK follows
 
 OP_NAMES = {
     OP_RUN: "a run request",
@@ -87,11 +92,17 @@ class Slot:
 
 @dataclass(frozen=True)
 class Binding:
-    """Which of a session's inputs/outputs live in the arena (the rest stay worker-local)."""
+    """Which of a session's inputs/outputs live in the arena (the rest stay worker-local).
+
+    ``handoff`` names the outputs the next session waits for (a split's ``hidden_out``): they
+    are copied into the arena first, and with ``RUN_HANDOFF`` the worker says so before it
+    copies the others (its K/V layers, read only later by the action worker).
+    """
 
     component: str
     inputs: Mapping[str, Slot] = field(default_factory=dict)
     outputs: Mapping[str, Slot] = field(default_factory=dict)
+    handoff: tuple[str, ...] = ()
 
 
 def request(op: int, seq: int, arg: int = 0, payload: bytes = b"") -> bytes:

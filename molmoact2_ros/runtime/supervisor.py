@@ -25,6 +25,7 @@ from .protocol import (
     OP_STOP,
     REPLY,
     ST_ERROR,
+    ST_HANDOFF,
     ST_LOAD_FAILED,
     ST_READY,
     WorkerSpec,
@@ -155,21 +156,56 @@ class WorkerHandle:
 
         ``running`` names the session the worker was in (for the action worker's two).
         """
-        what = OP_NAMES.get(op, str(op))
+        seq = self.send(op, arg, payload=payload, fd=fd, running=running)
+        return self.receive(seq, op, timeout=timeout, running=running)[1]
+
+    def send(
+        self,
+        op: int,
+        arg: int = 0,
+        *,
+        payload: bytes = b"",
+        fd: int | None = None,
+        running: Callable[[], str] | None = None,
+    ) -> int:
+        """Send one request; returns its sequence number for ``receive``."""
         conn, process = self.conn, self.process
         if conn is None or process is None:
             raise self.failure(f"worker {self.name} is not running; call restart()")
         self.seq += 1
-        seq = self.seq
         try:
-            conn.send_bytes(request(op, seq, arg, payload))
+            conn.send_bytes(request(op, self.seq, arg, payload))
             if fd is not None:
                 reduction.send_handle(conn, fd, process.pid)
         except OSError:
-            raise self._died(what, running) from None
+            raise self._died(OP_NAMES.get(op, str(op)), running) from None
+        return self.seq
+
+    def receive(
+        self,
+        seq: int,
+        op: int,
+        *,
+        timeout: float,
+        running: Callable[[], str] | None = None,
+        handoff: bool = False,
+    ) -> tuple[int, bytes]:
+        """Wait for the reply to request ``seq``: (status, payload).
+
+        With ``handoff`` the first of ``ST_HANDOFF`` or ``ST_OK`` is returned; without it a
+        ``ST_HANDOFF`` is skipped and only the final answer counts. Replies to older requests
+        (the late answers of interrupted calls) are skipped.
+        """
+        what = OP_NAMES.get(op, str(op))
+        conn, process = self.conn, self.process
+        if conn is None or process is None:
+            raise self.failure(f"worker {self.name} is not running; call restart()")
         deadline = time.monotonic() + timeout
         while True:
-            ready = wait([conn, process.sentinel], max(0.0, deadline - time.monotonic()))
+            # a reply already waiting needs no wait() (a selector per call)
+            ready = [conn] if conn.poll() else wait(
+                [conn, process.sentinel], max(0.0, deadline - time.monotonic())
+            )
             if not ready:
                 session = running() if running else self.sessions_label()
                 self.kill()
@@ -185,14 +221,14 @@ class WorkerHandle:
             except (EOFError, OSError):
                 raise self._died(what, running) from None
             status, reply_seq = REPLY.unpack_from(frame)
-            if reply_seq != seq:
-                continue  # the late answer of a call interrupted earlier
+            if reply_seq != seq or (status == ST_HANDOFF and not handoff):
+                continue  # a late answer of an interrupted call, or a hand-off not waited for
             if status == ST_ERROR:
                 session, message = split_error(frame[REPLY.size :])
                 raise self.failure(
                     f"worker {self.name} (session {session}) failed {what}: {message}", session
                 )
-            return frame[REPLY.size :]
+            return status, frame[REPLY.size :]
 
     def _died(self, what: str, running: Callable[[], str] | None) -> WorkerFailed:
         session = running() if running else self.sessions_label()
