@@ -448,9 +448,9 @@ def bench_rss(folder: Path, chunks: int) -> dict:
     LLVM is a large part of the process)."""
     rows = {"node process RSS": _rss_run(folder, chunks, {})}
     if rows["node process RSS"].get("kernel", "numpy") != "numpy":
-        from .host.resample_jit import ENV
+        from .host.jit import ENV
 
-        rows["node process RSS, numpy path"] = _rss_run(folder, chunks, {ENV: "numpy"})
+        rows["node process RSS, numpy path"] = _rss_run(folder, chunks, {ENV: "0"})
     return rows
 
 

@@ -128,10 +128,10 @@ def test_a_kernel_that_differs_is_refused(monkeypatch, caplog) -> None:
     """A compiled kernel that does not reproduce the numpy path bit for bit (a compiler that
     fused an FMA, say) is never used: preprocessing falls back to numpy and says why."""
     pytest.importorskip("numba")
-    real = resample_jit._compile
+    real = resample_jit.KERNEL._build_fn
 
-    def off_by_one_level(cache: bool):
-        fn = real(cache)
+    def off_by_one_level(numba, cache: bool):
+        fn = real(numba, cache)
 
         def wrong(*args):
             fn(*args)
@@ -140,20 +140,20 @@ def test_a_kernel_that_differs_is_refused(monkeypatch, caplog) -> None:
 
         return wrong
 
-    monkeypatch.setattr(resample_jit, "_compile", off_by_one_level)
-    resample_jit._reset()
+    monkeypatch.setattr(resample_jit.KERNEL, "_build_fn", off_by_one_level)
+    resample_jit.KERNEL.reset()
     try:
-        with caplog.at_level("WARNING", logger="molmoact2_ros.host.resample_jit"):
+        with caplog.at_level("WARNING", logger="molmoact2_ros.host.jit"):
             assert resample_jit.kernel() == "numpy"
         assert "differs from the numpy path" in caplog.text
         with pytest.raises(ValueError, match="not available"):
             resample_jit.force("numba")
     finally:
-        resample_jit._reset()
+        resample_jit.KERNEL.reset()
 
 
-def test_environment_pins_the_numpy_path_without_importing_numba() -> None:
-    """MOLMOACT2_PREPROCESS_KERNEL=numpy keeps numba (and its LLVM) out of the process."""
+def test_environment_switches_numba_off_without_importing_it() -> None:
+    """MOLMOACT2_NUMBA=0 keeps numba (and its LLVM) out of the process."""
     import os
     import subprocess
     import sys
@@ -162,8 +162,10 @@ def test_environment_pins_the_numpy_path_without_importing_numba() -> None:
             "out = np.zeros((1, 1, 729, 588), np.float16); "
             "images.preprocess([np.zeros((64, 64, 3), np.uint8)], out=out); "
             "print(resample_jit.kernel(), 'numba' in sys.modules, resample_jit.describe())")
-    env = {**os.environ, resample_jit.ENV: "numpy"}
+    from molmoact2_ros.host import jit
+
+    env = {**os.environ, jit.ENV: "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env=env).stdout.split(maxsplit=2)
     assert out[:2] == ["numpy", "False"]
-    assert resample_jit.ENV in out[2]
+    assert jit.ENV in out[2]

@@ -8,23 +8,22 @@ pass fills a per-thread float32 row buffer, the height pass rounds each output r
 levels and stores them in patch order. The shared table lookup (``resample.lookup_into``)
 then writes the unit-range values into the arena, as on the numpy path.
 
-numba is chosen because it is the field's compiled-kernel tool for numpy code: wheels for
-x86_64 and aarch64 on Python 3.10-3.13, numpy 1.22-2.5, and no C toolchain at install. It
-is optional (the ``fast`` extra): without it, or if the compiled kernel fails its bit-exact
-self-check against the numpy path at first use, the numpy path runs and nothing else changes.
+Compiled through ``host/jit.py`` (why numba, the self-check, the switch): without numba, or if
+the kernel fails its bit-exact self-check against the numpy path at first use, the numpy path
+runs and nothing else changes.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import threading
 from contextlib import contextmanager
 from typing import NamedTuple
 
 import numpy as np
 
-log = logging.getLogger(__name__)
+from . import jit
+from .jit import CheckedKernel, Mismatch
+
 _lock = threading.Lock()
 _forced: str | None = None
 
@@ -64,93 +63,18 @@ def resize_levels_patched(src, rows, r0, r1, wy0, wy1, c0, c1, wx0, wx1, patch, 
             index8[first + pc, offset:offset + run] = levels[pc * run:(pc + 1) * run]
 
 
-def _compile(cache: bool):
-    import numba
-
+def _compile(numba, cache: bool):
     return numba.njit(nogil=True, cache=cache, error_model="numpy")(resize_levels_patched)
 
 
-_UNSET = object()
-_compiled_fn: object = _UNSET
-_why_not = ""
-_compile_lock = threading.Lock()
-
-
 def _compiled():
-    """The compiled kernel if numba is installed and the kernel passes its self-check; built
-    once per process (under a lock: both camera threads may ask at the first frame)."""
-    global _compiled_fn
-    if _compiled_fn is _UNSET:
-        with _compile_lock:
-            if _compiled_fn is _UNSET:
-                _compiled_fn = _build()
-    return _compiled_fn
-
-
-def _reset() -> None:
-    """Forget the compiled kernel (tests: build it again under other conditions)."""
-    global _compiled_fn
-    with _compile_lock:
-        _compiled_fn = _UNSET
-
-
-#: Environment variable pinning the implementation for a process: "numpy" never imports numba
-#: (its LLVM adds about 120 MiB to the process's RSS, mostly shared library pages), "numba"
-#: or unset/"auto" use the compiled kernel when it is installed and passes its self-check.
-ENV = "MOLMOACT2_PREPROCESS_KERNEL"
-
-
-def _build():
-    global _why_not
-    choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if choice not in ("auto", "numba", "numpy"):
-        log.warning("%s=%r is not one of auto, numba, numpy; using auto", ENV, choice)
-    if choice == "numpy":
-        _why_not = f"{ENV}=numpy"
-        return None
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        _why_not = "numba not installed"
-        return None
-    try:
-        try:
-            fn = _compile(cache=True)
-            _self_check(fn)
-        except RuntimeError as exc:  # "cannot cache function": no writable cache folder
-            if isinstance(exc, _Mismatch):
-                raise
-            log.debug("numba cache unavailable (%s); compiling without it", exc)
-            fn = _compile(cache=False)
-            _self_check(fn)
-    except _Mismatch as exc:
-        _why_not = f"compiled kernel refused: it differs from the numpy path ({exc})"
-        log.warning("compiled preprocessing kernel differs from the numpy path (%s); "
-                    "using numpy", exc)
-        return None
-    except Exception as exc:  # numba/LLVM failures differ by version: fall back, say why
-        _why_not = f"numba could not compile the kernel ({type(exc).__name__}: {exc})"
-        log.warning("numba could not compile the preprocessing kernel (%s: %s); using numpy",
-                    type(exc).__name__, exc)
-        return None
-    return fn
+    """The compiled kernel, or None (``KERNEL.why_not`` says why)."""
+    return KERNEL.get()
 
 
 def describe() -> str:
     """One line for doctor and reports: which preprocessing kernel runs here, and why."""
-    name = kernel()
-    if name == "numba":
-        import numba
-
-        return f"numba {numba.__version__} kernel (self-checked against the numpy path)"
-    reason = "pinned" if _forced == "numpy" else _why_not
-    if reason.startswith(ENV):
-        return f"numpy path ({reason})"
-    return f"numpy path ({reason}; pip install 'molmoact2_ros[fast]' for the compiled kernel)"
-
-
-class _Mismatch(RuntimeError):
-    """The compiled kernel's values are not the numpy path's, bit for bit."""
+    return jit.describe(kernel(), KERNEL, pinned=_forced == "numpy")
 
 
 def _self_check(fn) -> None:
@@ -173,8 +97,11 @@ def _self_check(fn) -> None:
                 run(fn, img, size, 14, flip, got)
                 if not np.array_equal(want.view(np.uint8), got.view(np.uint8)):
                     bad = int(np.count_nonzero(want != got))
-                    raise _Mismatch(f"{bad} of {want.size} values for a {img.shape[:2]} frame "
+                    raise Mismatch(f"{bad} of {want.size} values for a {img.shape[:2]} frame "
                                     f"to {size}x{size}, flip={flip}, {np.dtype(dtype).name}")
+
+
+KERNEL = CheckedKernel("preprocessing", _compile, _self_check)
 
 
 def run(fn, img: np.ndarray, size: int, patch: int, flip: bool, dst: np.ndarray) -> None:

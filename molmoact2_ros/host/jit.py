@@ -1,0 +1,100 @@
+"""numba for the host kernels: imported lazily, compiled once per process, used only after a
+bit-exact self-check against the numpy definition, and switched off as a whole by one variable.
+
+numba is optional (the ``fast`` extra): wheels for x86_64 and aarch64 on Python 3.10-3.13,
+numpy 1.22-2.5 across its releases, no C toolchain at install. Its LLVM adds about 120 MiB to
+a process's RSS (most of it shared library pages), so ``MOLMOACT2_NUMBA=0`` keeps it out of a
+process entirely; every kernel then runs its numpy (or OpenCV) path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+#: Set to 0 (or off/false/no) to never import numba in this process.
+ENV = "MOLMOACT2_NUMBA"
+_UNSET = object()
+
+
+class Mismatch(RuntimeError):
+    """A compiled kernel's results are not the numpy definition's, bit for bit."""
+
+
+def switched_off() -> bool:
+    return os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no")
+
+
+class CheckedKernel:
+    """One numba kernel: ``build(numba, cache)`` returns the compiled function, ``check(fn)``
+    raises ``Mismatch`` if it differs from the definition. ``get()`` returns it, or None (and
+    ``why_not`` says why) when numba is missing or switched off, compilation fails or the
+    check fails. Built once per process, under a lock (camera threads may ask together)."""
+
+    def __init__(self, what: str, build: Callable, check: Callable) -> None:
+        self.what = what
+        self._build_fn = build
+        self._check = check
+        self._fn: object = _UNSET
+        self._lock = threading.Lock()
+        self.why_not = ""
+
+    def get(self):
+        if self._fn is _UNSET:
+            with self._lock:
+                if self._fn is _UNSET:
+                    self._fn = self._build()
+        return self._fn
+
+    def reset(self) -> None:
+        """Forget the compiled kernel (tests: build it again under other conditions)."""
+        with self._lock:
+            self._fn = _UNSET
+            self.why_not = ""
+
+    def _build(self):
+        if switched_off():
+            self.why_not = f"{ENV}={os.environ.get(ENV)}"
+            return None
+        try:
+            import numba
+        except ImportError:
+            self.why_not = "numba not installed"
+            return None
+        try:
+            try:
+                fn = self._build_fn(numba, True)
+                self._check(fn)
+            except Mismatch:
+                raise
+            except RuntimeError as exc:  # "cannot cache function": no writable cache folder
+                log.debug("numba cache unavailable (%s); compiling without it", exc)
+                fn = self._build_fn(numba, False)
+                self._check(fn)
+        except Mismatch as exc:
+            self.why_not = f"compiled kernel refused: it differs from the numpy path ({exc})"
+            log.warning("compiled %s kernel differs from the numpy path (%s); using numpy",
+                        self.what, exc)
+            return None
+        except Exception as exc:  # numba/LLVM failures differ by version: fall back, say why
+            self.why_not = f"numba could not compile the kernel ({type(exc).__name__}: {exc})"
+            log.warning("numba could not compile the %s kernel (%s: %s); using numpy",
+                        self.what, type(exc).__name__, exc)
+            return None
+        return fn
+
+
+def describe(name: str, kernel: CheckedKernel, pinned: bool = False) -> str:
+    """One line for doctor and reports: the implementation in use and, if not numba, why."""
+    if name == "numba":
+        import numba
+
+        return f"numba {numba.__version__} kernel (self-checked against the numpy path)"
+    reason = "pinned" if pinned else (kernel.why_not or "not built yet")
+    hint = "" if reason.startswith(ENV) or pinned else \
+        "; pip install 'molmoact2_ros[fast]' for the compiled kernel"
+    return f"{name} path ({reason}{hint})"
