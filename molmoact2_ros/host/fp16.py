@@ -8,15 +8,12 @@ numpy on values that exercise ties, subnormals, overflow and NaN, else numpy doe
 
 from __future__ import annotations
 
-import threading
 from functools import lru_cache
 
 import numpy as np
 
+from . import jit
 from .resample import scratch
-
-_lock = threading.Lock()
-_forced: str | None = None
 
 
 def _probe() -> tuple[np.ndarray, np.ndarray]:
@@ -69,22 +66,8 @@ def _cv2_add():
     return cv2.add
 
 
-def kernel() -> str:
-    """Which implementation :func:`add_into` uses in this process ("opencv" or "numpy")."""
-    if _forced is not None:
-        return _forced
-    return "opencv" if _cv2_add() is not None else "numpy"
-
-
-def force(name: str | None) -> None:
-    """Pin the implementation ("numpy", "opencv" or None for automatic), e.g. to compare them."""
-    global _forced
-    if name not in (None, "numpy", "opencv"):
-        raise ValueError(f"unknown fp16 kernel {name!r}; use 'numpy', 'opencv' or None")
-    if name == "opencv" and _cv2_add() is None:
-        raise ValueError("the opencv fp16 kernel is not available (OpenCV missing or inexact)")
-    with _lock:
-        _forced = name
+CHOICE = jit.Choice("fp16", "opencv", "numpy", _cv2_add, "OpenCV missing or inexact")
+kernel, force, using = CHOICE.kernel, CHOICE.force, CHOICE.using
 
 
 def add_into(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
 
@@ -98,3 +99,49 @@ def describe(name: str, kernel: CheckedKernel, pinned: bool = False) -> str:
     hint = "" if reason.startswith(ENV) or pinned else \
         "; pip install 'molmoact2_ros[fast]' for the compiled kernel"
     return f"{name} path ({reason}{hint})"
+
+
+class Choice:
+    """Which implementation a host kernel uses in this process: ``fast`` when ``available()``
+    returns it (not None), else ``fallback``; ``force``/``using`` pin one, e.g. for tests and
+    the bench's side-by-side rows."""
+
+    def __init__(self, what: str, fast: str, fallback: str, available: Callable[[], object],
+                 unavailable: str) -> None:
+        self.what, self.fast, self.fallback = what, fast, fallback
+        self._available = available
+        self._unavailable = unavailable
+        self._forced: str | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def forced(self) -> str | None:
+        return self._forced
+
+    def kernel(self) -> str:
+        """The implementation in use: the pinned one, else ``fast`` if available."""
+        if self._forced is not None:
+            return self._forced
+        return self.fast if self._available() is not None else self.fallback
+
+    def force(self, name: str | None) -> None:
+        """Pin ``name`` (``fast`` or ``fallback``), or None for the automatic choice."""
+        if name not in (None, self.fast, self.fallback):
+            raise ValueError(f"unknown {self.what} kernel {name!r}; use {self.fallback!r}, "
+                             f"{self.fast!r} or None")
+        if name == self.fast and self._available() is None:
+            raise ValueError(f"the {self.fast} {self.what} kernel is not available "
+                             f"({self._unavailable})")
+        with self._lock:
+            self._forced = name
+
+    @contextmanager
+    def using(self, name: str | None) -> Iterator[None]:
+        """``force(name)`` for the duration of a ``with`` block, then back to what it was."""
+        before = self._forced
+        self.force(name)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._forced = before

@@ -16,7 +16,6 @@ runs and nothing else changes.
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
 from typing import NamedTuple
 
 import numpy as np
@@ -25,7 +24,6 @@ from . import jit
 from .jit import CheckedKernel, Mismatch
 
 _lock = threading.Lock()
-_forced: str | None = None
 
 
 def resize_levels_patched(src, rows, r0, r1, wy0, wy1, c0, c1, wx0, wx1, patch, index8, hbuf,
@@ -74,7 +72,7 @@ def _compiled():
 
 def describe() -> str:
     """One line for doctor and reports: which preprocessing kernel runs here, and why."""
-    return jit.describe(kernel(), KERNEL, pinned=_forced == "numpy")
+    return jit.describe(kernel(), KERNEL, pinned=CHOICE.forced == "numpy")
 
 
 def _self_check(fn) -> None:
@@ -152,35 +150,9 @@ def _tables(p) -> _KernelTables:
     return k
 
 
-def kernel() -> str:
-    """Which implementation preprocessing uses in this process: "numba" or "numpy"."""
-    if _forced is not None:
-        return _forced
-    return "numba" if _compiled() is not None else "numpy"
-
-
-def force(name: str | None) -> None:
-    """Pin the implementation ("numpy", "numba" or None for automatic), e.g. to compare them."""
-    global _forced
-    if name not in (None, "numpy", "numba"):
-        raise ValueError(f"unknown preprocessing kernel {name!r}; use 'numpy', 'numba' or None")
-    if name == "numba" and _compiled() is None:
-        raise ValueError("the numba preprocessing kernel is not available "
-                         "(pip install 'molmoact2_ros[fast]', or see the log for why)")
-    with _lock:
-        _forced = name
-
-
-@contextmanager
-def using(name: str | None):
-    """``force(name)`` for the duration of a ``with`` block, then back to what it was."""
-    before = _forced
-    force(name)
-    try:
-        yield
-    finally:
-        with _lock:
-            globals()["_forced"] = before
+CHOICE = jit.Choice("preprocessing", "numba", "numpy", _compiled,
+                    "pip install 'molmoact2_ros[fast]', or see the log for why")
+kernel, force, using = CHOICE.kernel, CHOICE.force, CHOICE.using
 
 
 def resize_normalise_into(img: np.ndarray, size: int, patch: int, flip: bool,
