@@ -14,7 +14,9 @@ def _package_logs_reach_caplog():
     after it non-propagating, which would hide the package's logs from ``caplog``."""
     import logging
 
-    for name in ("molmoact2_ros", "molmoact2_ros.controller", "molmoact2_ros.runtime"):
+    names = [n for n in list(logging.Logger.manager.loggerDict)
+             if n == "molmoact2_ros" or n.startswith("molmoact2_ros.")]
+    for name in {"molmoact2_ros", "molmoact2_ros.controller", "molmoact2_ros.runtime", *names}:
         logging.getLogger(name).propagate = True
 
 
