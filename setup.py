@@ -34,8 +34,9 @@ setup(
         "plot": ["matplotlib>=3.5"],
         # OpenCV: SIMD float16 sums for the embedding (numpy's casts are scalar on x86), the
         # table lookup into the arena and the peer preprocessing pipeline in ``molmoact2 bench``;
-        # numba: the one-pass torch-exact resize kernel (wheels for x86_64 and aarch64,
-        # Python 3.10-3.13, numpy 1.22-2.5 across its releases)
+        # numba: the one-pass torch-exact resize kernel and the fp16 sums where OpenCV has no
+        # float16 arithmetic (wheels for x86_64 and aarch64, Python 3.10-3.13, numpy 1.22-2.5
+        # across its releases)
         "fast": ["opencv-python-headless>=4.10,<6", "numba>=0.59,<1"],
         "test": [
             "opencv-python-headless>=4.10,<6",

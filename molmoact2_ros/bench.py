@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .host import fp16
 from .host.conventions import Conventions
 from .host.flow import euler_update, timesteps
 from .progress import counter
@@ -276,7 +277,8 @@ def bench_variant(
         hidden = resident.input_buffer("hidden_states")
         embed = _embed_stage(variant, hidden.shape[-1], hidden)
         repeats = min(chunks, HOST_REPEATS)
-        record["host"] = {"embed": _stats(_timed(embed, repeats))}
+        record["host"] = {"embed": {**_stats(_timed(embed, repeats)),
+                                    "kernel": fp16.kernel()}}
         # the floor copy runs in turns with (a)'s chunks, so a change of load during the run
         # hits both sides of the ratio (hundreds of MB a copy: spread samples suffice)
         record["floor_bytes"] = floor_bytes(variant, steps, conventions.euler_in_graph)

@@ -48,7 +48,8 @@ def verdicts(host: dict, records: list[dict]) -> list[dict]:
         embed = r["host"]["embed"]["median"]
         limit = EMBED_MS.get(name)
         out.append(_row(f"embed {name} (ms)", embed, f"<= {limit}",
-                        None if limit is None else embed <= limit))
+                        None if limit is None else embed <= limit,
+                        f"fp16 sums on {r['host']['embed'].get('kernel', 'numpy')}"))
         ratio = r["floor_ratio"]
         out.append(_row(f"resident {name} / memory floor", ratio, f"<= {FLOOR_RATIO}",
                         ratio <= FLOOR_RATIO,

@@ -9,7 +9,7 @@ from molmoact2_ros.host import fp16
 from molmoact2_ros.host.prompt import PromptPlan
 from molmoact2_ros.synth import reference_host as ref
 
-KERNELS = ["numpy"] + (["opencv"] if fp16._cv2_add() is not None else [])
+KERNELS = ["numpy"] + [k for k in ("opencv", "numba") if fp16.CHOICE.available(k)]
 
 
 @pytest.fixture(params=KERNELS)
@@ -80,3 +80,21 @@ def test_fp16_add_is_float32_add_rounded_once(kernel: str) -> None:
 def test_force_rejects_unknown_kernel() -> None:
     with pytest.raises(ValueError, match="unknown fp16 kernel"):
         fp16.force("cuda")
+
+
+def test_numba_kernel_maths_uncompiled_equals_numpy() -> None:
+    """The function numba compiles, run as plain Python on the probe (ties, subnormals,
+    overflow, inf, NaN) in blocks that do not divide it: the maths holds without numba too.
+    Which payload NaN + NaN keeps is the arithmetic unit's choice (numpy scalars and compiled
+    loops differ), so those sums are only checked to be NaN."""
+    a, b = fp16._probe()
+    want, got = np.empty_like(a), np.empty_like(a)
+    with np.errstate(all="ignore"):
+        fp16.add_reference(a.reshape(1, -1), b.reshape(1, -1), want.reshape(1, -1))
+    work = np.zeros((4, 1000), np.float32)
+    with np.errstate(all="ignore"):  # inf - inf and NaN sums, on numpy scalars
+        fp16.half_add(a.view(np.uint16), b.view(np.uint16), got.view(np.uint16), *work,
+                      *work.view(np.uint32))
+    both_nan = np.isnan(a) & np.isnan(b)
+    assert np.isnan(got[both_nan]).all()
+    np.testing.assert_array_equal(got.view(np.uint16)[~both_nan], want.view(np.uint16)[~both_nan])

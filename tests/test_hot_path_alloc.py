@@ -27,9 +27,12 @@ def _peak_growth(fn, repeats: int = 3) -> int:
     return worst
 
 
-@pytest.fixture(params=["auto", "numpy"])
+@pytest.fixture(params=["auto", "numpy", "numba"])
 def fp16_kernel(request):
-    """The fp16 embedding both on OpenCV (when installed) and on numpy's blocked path."""
+    """The fp16 embedding on the automatic choice (OpenCV 5 when installed), numba's kernel
+    (where installed) and numpy's blocked path."""
+    if request.param == "numba" and not fp16.CHOICE.available("numba"):
+        pytest.skip("numba not installed")
     fp16.force(None if request.param == "auto" else request.param)
     yield request.param
     fp16.force(None)

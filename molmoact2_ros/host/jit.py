@@ -102,14 +102,15 @@ def describe(name: str, kernel: CheckedKernel, pinned: bool = False) -> str:
 
 
 class Choice:
-    """Which implementation a host kernel uses in this process: ``fast`` when ``available()``
-    returns it (not None), else ``fallback``; ``force``/``using`` pin one, e.g. for tests and
-    the bench's side-by-side rows."""
+    """Which implementation a host kernel uses in this process: the first of ``fast`` (name,
+    ``available()``) pairs whose ``available()`` returns a kernel (not None), else
+    ``fallback``; ``force``/``using`` pin one, e.g. for tests and the bench's side-by-side
+    rows."""
 
-    def __init__(self, what: str, fast: str, fallback: str, available: Callable[[], object],
+    def __init__(self, what: str, fast: list[tuple[str, Callable[[], object]]], fallback: str,
                  unavailable: str) -> None:
-        self.what, self.fast, self.fallback = what, fast, fallback
-        self._available = available
+        self.what, self.fallback = what, fallback
+        self._fast = dict(fast)
         self._unavailable = unavailable
         self._forced: str | None = None
         self._lock = threading.Lock()
@@ -118,19 +119,23 @@ class Choice:
     def forced(self) -> str | None:
         return self._forced
 
+    def available(self, name: str) -> bool:
+        return name == self.fallback or (name in self._fast and self._fast[name]() is not None)
+
     def kernel(self) -> str:
-        """The implementation in use: the pinned one, else ``fast`` if available."""
+        """The implementation in use: the pinned one, else the first fast one available."""
         if self._forced is not None:
             return self._forced
-        return self.fast if self._available() is not None else self.fallback
+        return next((n for n, get in self._fast.items() if get() is not None), self.fallback)
 
     def force(self, name: str | None) -> None:
-        """Pin ``name`` (``fast`` or ``fallback``), or None for the automatic choice."""
-        if name not in (None, self.fast, self.fallback):
-            raise ValueError(f"unknown {self.what} kernel {name!r}; use {self.fallback!r}, "
-                             f"{self.fast!r} or None")
-        if name == self.fast and self._available() is None:
-            raise ValueError(f"the {self.fast} {self.what} kernel is not available "
+        """Pin ``name`` (a fast one or the fallback), or None for the automatic choice."""
+        names = [self.fallback, *self._fast]
+        if name is not None and name not in names:
+            raise ValueError(f"unknown {self.what} kernel {name!r}; use one of "
+                             f"{', '.join(map(repr, names))} or None")
+        if name is not None and not self.available(name):
+            raise ValueError(f"the {name} {self.what} kernel is not available "
                              f"({self._unavailable})")
         with self._lock:
             self._forced = name

@@ -150,7 +150,7 @@ def _tables(p) -> _KernelTables:
     return k
 
 
-CHOICE = jit.Choice("preprocessing", "numba", "numpy", _compiled,
+CHOICE = jit.Choice("preprocessing", [("numba", _compiled)], "numpy",
                     "pip install 'molmoact2_ros[fast]', or see the log for why")
 kernel, force, using = CHOICE.kernel, CHOICE.force, CHOICE.using
 
