@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,3 +115,19 @@ def process_gone(pid: int) -> bool:
     except OSError:
         return True
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def marker_injector(control: Path) -> Iterator:
+    """Body of the ``inject`` fixtures: ``inject("llm_split1", "hang")`` drops a marker the fake
+    checks on every call; the markers are removed when the test ends."""
+    made: list[Path] = []
+
+    def _inject(graph: str, kind: str) -> Path:
+        marker = control / f"{graph}.{kind}"
+        marker.touch()
+        made.append(marker)
+        return marker
+
+    yield _inject
+    for marker in made:
+        marker.unlink(missing_ok=True)

@@ -1,5 +1,6 @@
-"""Shared by the launch tests: the ROS imports they need (or why they are missing), the tiny
-bundle, and waiting for a lifecycle node to report ``active``."""
+"""Shared by the ROS-level tests: the ROS imports the launch tests need (or why they are
+missing), the tiny bundle, the test description around ``policy.launch.py``, waiting for a
+lifecycle node to report ``active``, and polling for a condition."""
 
 from __future__ import annotations
 
@@ -32,6 +33,16 @@ def tiny_bundle(prefix: str = "molmoact2-launch-") -> str:
     return str(out)
 
 
+def wait_for(predicate, timeout: float = 30.0) -> bool:
+    """Poll ``predicate`` every 20 ms until it is true or ``timeout`` seconds pass."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
 def wait_active(node, client, timeout_s: float) -> str:
     """Ask ``get_state`` until the node is active or ``timeout_s`` passes; the last label."""
     label, deadline = "", time.time() + timeout_s
@@ -42,3 +53,23 @@ def wait_active(node, client, timeout_s: float) -> str:
             label = future.result().current_state.label if future.result() else ""
         time.sleep(0.2)
     return label
+
+
+def policy_launch_description(namespace: str, **arguments: str):
+    """``policy.launch.py`` of the installed package on the tiny bundle's grid_sampler with the
+    ONNX backend in ``namespace`` (plus ``arguments``), then launch_testing's ReadyToTest."""
+    import launch_testing.actions
+    from ament_index_python.packages import get_package_share_directory
+    from launch.actions import IncludeLaunchDescription
+    from launch.launch_description_sources import PythonLaunchDescriptionSource
+
+    import launch
+
+    launch_file = Path(get_package_share_directory("molmoact2_ros"), "launch", "policy.launch.py")
+    include = IncludeLaunchDescription(
+        PythonLaunchDescriptionSource(str(launch_file)),
+        launch_arguments={"namespace": namespace, "bundle_root": tiny_bundle(),
+                          "backend": "onnx", "instruction": "put the bowl on the plate",
+                          **arguments}.items(),
+    )
+    return launch.LaunchDescription([include, launch_testing.actions.ReadyToTest()])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from htp_helpers import Snapshot, ensure_contexts, fake_env, process_gone
+from htp_helpers import Snapshot, ensure_contexts, fake_env, marker_injector, process_gone
 
 from molmoact2_ros.bundle import Bundle
 from molmoact2_ros.errors import ContractError, RuntimeBackendError, WorkerFailed
@@ -52,17 +52,7 @@ def pipeline(control, baseline, tiny_root):
 @pytest.fixture
 def inject(control):
     """``inject("llm_split1", "hang")`` drops a marker the fake checks on every call."""
-    made: list[Path] = []
-
-    def _inject(graph: str, kind: str) -> Path:
-        marker = control / f"{graph}.{kind}"
-        marker.touch()
-        made.append(marker)
-        return marker
-
-    yield _inject
-    for marker in made:
-        marker.unlink(missing_ok=True)
+    yield from marker_injector(control)
 
 
 def _chunk(pipe: ResidentPipeline, steps: int = 3) -> np.ndarray:

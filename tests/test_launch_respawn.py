@@ -14,18 +14,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from launch_helpers import MISSING, tiny_bundle, wait_active
+from launch_helpers import MISSING, policy_launch_description, wait_active
 
 if not MISSING:
-    import launch_testing.actions
-    import launch_testing.asserts
     import rclpy
-    from ament_index_python.packages import get_package_share_directory
-    from launch.actions import IncludeLaunchDescription
-    from launch.launch_description_sources import PythonLaunchDescriptionSource
     from lifecycle_msgs.srv import GetState
-
-    import launch
 
 NAMESPACE = "respawn_" + uuid.uuid4().hex[:8]
 
@@ -55,20 +48,7 @@ else:
 
     @pytest.mark.launch_test
     def generate_test_description():
-        share = get_package_share_directory("molmoact2_ros")
-        launch_file = Path(share, "launch", "policy.launch.py")
-        include = IncludeLaunchDescription(
-            PythonLaunchDescriptionSource(str(launch_file)),
-            launch_arguments={
-                "namespace": NAMESPACE,
-                "bundle_root": tiny_bundle(),
-                "backend": "onnx",
-                "instruction": "put the bowl on the plate",
-                "respawn": "true",
-                "respawn_delay": "1.0",
-            }.items(),
-        )
-        return launch.LaunchDescription([include, launch_testing.actions.ReadyToTest()])
+        return policy_launch_description(NAMESPACE, respawn="true", respawn_delay="1.0")
 
 
 @unittest.skipIf(MISSING, MISSING)

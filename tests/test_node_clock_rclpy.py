@@ -5,7 +5,6 @@ resets it; a forward jump is only counted. Skipped where ROS 2 is absent."""
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 
 import pytest
@@ -14,20 +13,12 @@ rclpy = pytest.importorskip("rclpy")
 pytest.importorskip("molmoact2_ros.msg", reason="build with colcon and source install/setup.bash")
 
 from builtin_interfaces.msg import Time  # noqa: E402
+from launch_helpers import wait_for  # noqa: E402
 from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from rosgraph_msgs.msg import Clock  # noqa: E402
 
 from molmoact2_ros.node import PolicyNode  # noqa: E402
-
-
-def _wait_for(predicate, timeout=20.0) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def test_a_clock_jump_back_resets_the_controller_and_reaches_diagnostics():
@@ -45,7 +36,7 @@ def test_a_clock_jump_back_resets_the_controller_and_reaches_diagnostics():
         ctl = node.controller
 
         def play_until(sec: int) -> bool:
-            return _wait_for(lambda: (clock_pub.publish(Clock(clock=Time(sec=sec))),
+            return wait_for(lambda: (clock_pub.publish(Clock(clock=Time(sec=sec))),
                                       node.get_clock().now().nanoseconds == sec * 10**9)[1])
 
         assert play_until(1000)
@@ -53,12 +44,12 @@ def test_a_clock_jump_back_resets_the_controller_and_reaches_diagnostics():
         assert play_until(1001)  # an ordinary tick: no jump
         assert ctl.counts["clock_resets"] == resets
         assert play_until(10)  # 991 s back: the bag started again
-        assert _wait_for(lambda: ctl.counts["clock_resets"] == resets + 1)
+        assert wait_for(lambda: ctl.counts["clock_resets"] == resets + 1)
         values = ctl.diagnostics()["values"]
         assert values["count.clock_resets"] == resets + 1
         assert "back" in values["last_clock_event"] and "991" in values["last_clock_event"]
         assert play_until(5000)  # far ahead: counted, nothing reset
-        assert _wait_for(lambda: ctl.counts["clock_jumps_forward"] == forward + 1)
+        assert wait_for(lambda: ctl.counts["clock_jumps_forward"] == forward + 1)
         assert ctl.counts["clock_resets"] == resets + 1
     finally:
         executor.shutdown()

@@ -17,6 +17,7 @@ import pytest
 rclpy = pytest.importorskip("rclpy")
 pytest.importorskip("molmoact2_ros.msg", reason="build with colcon and source install/setup.bash")
 
+from launch_helpers import wait_for  # noqa: E402
 from lifecycle_msgs.srv import GetState  # noqa: E402
 from molmoact2_ros.msg import ActionChunk  # noqa: E402
 from rcl_interfaces.srv import GetParameters, SetParameters  # noqa: E402
@@ -32,15 +33,6 @@ from molmoact2_ros.node import PolicyNode  # noqa: E402
 from molmoact2_ros.params import PARAMS_BY_NAME  # noqa: E402
 
 SUCCESS = TransitionCallbackReturn.SUCCESS
-
-
-def wait_for(predicate, timeout=30.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from htp_helpers import Snapshot, ensure_contexts, fake_env, process_gone
+from htp_helpers import Snapshot, ensure_contexts, fake_env, marker_injector, process_gone
 
 from molmoact2_ros.bundle import Bundle
 from molmoact2_ros.errors import RuntimeBackendError, WorkerFailed
@@ -65,17 +65,7 @@ def clean(control):
 
 @pytest.fixture
 def inject(control):
-    made: list[Path] = []
-
-    def _inject(graph: str, kind: str) -> Path:
-        marker = control / f"{graph}.{kind}"
-        marker.touch()
-        made.append(marker)
-        return marker
-
-    yield _inject
-    for marker in made:
-        marker.unlink(missing_ok=True)
+    yield from marker_injector(control)
 
 
 def _open(root: Path, **options) -> ResidentPipeline:
