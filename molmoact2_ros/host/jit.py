@@ -2,7 +2,7 @@
 bit-exact self-check against the numpy definition, and switched off as a whole by one variable.
 
 numba is optional (the ``fast`` extra): wheels for x86_64 and aarch64 on Python 3.10-3.13,
-numpy 1.22-2.5 across its releases, no C toolchain at install. Its LLVM adds about 120 MiB to
+numpy 1.22-2.5 across its releases, no C toolchain at install. Its LLVM adds about 100 MiB to
 a process's RSS (most of it shared library pages), so ``MOLMOACT2_NUMBA=0`` keeps it out of a
 process entirely; every kernel then runs its numpy (or OpenCV) path.
 """
