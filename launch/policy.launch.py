@@ -74,7 +74,7 @@ def _bundle_paths(root):
     every molmoact2 command does; where that fails, the node's configure says why."""
     fallback = {f"bundle.{v}": os.path.join(root, v) for v in VARIANTS}
     try:
-        from molmoact2_ros.bundle import bundle_parameters
+        from molmoact2_ros.bundle.bundle import bundle_parameters
         from molmoact2_ros.errors import MolmoActError
     except ImportError:
         return fallback

@@ -63,7 +63,7 @@ def _arguments():
 
 
 def _launch(context):
-    from molmoact2_ros.chunkbag import read_chunk_bag
+    from molmoact2_ros.replay.chunkbag import read_chunk_bag
 
     def arg(name):
         return LaunchConfiguration(name).perform(context)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .bundle.variants import COMPONENTS, VARIANTS, VariantSpec, get_variant  # noqa: E402
 from .errors import (  # noqa: E402
     BundleError,
     ContractError,
@@ -18,7 +19,6 @@ from .errors import (  # noqa: E402
     RuntimeBackendError,
     WorkerFailed,
 )
-from .variants import COMPONENTS, VARIANTS, VariantSpec, get_variant  # noqa: E402
 
 __all__ = [
     "COMPONENTS",

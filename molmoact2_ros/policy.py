@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import Bundle, Suffixes
+from .bundle.bundle import Bundle, Suffixes
+from .bundle.golden import TRACE_CHECKS, TRACE_INPUTS, ParityRow, compare, load_npz
+from .bundle.normstats import NormStats
 from .errors import ObservationError, PromptError
-from .execution import InpaintGuidance
 from .host import images as image_ops
-from .host.flow import initial_noise, observation_rng
-from .host.normstats import NormStats
+from .host.flow import InpaintGuidance, initial_noise, observation_rng
 from .host.prompt import (
     EmbeddingTable,
     PromptBuilder,
@@ -260,3 +260,39 @@ class Policy:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def e2e_parity(policy, trace_path: Path, **tolerances) -> list[ParityRow]:
+    """Run the policy from the trace's raw observation and compare every recorded stage."""
+    trace = load_npz(trace_path, TRACE_INPUTS + ("chunk",), what="end-to-end parity")
+    stage = f"e2e:{Path(trace_path).stem}"
+    steps = int(trace["flow_steps"])
+    previous_steps = policy.flow_steps
+    policy.set_flow_steps(steps)
+    try:
+        chunk = policy.predict(
+            Observation(
+                images=(trace["image_primary"], trace["image_wrist"]),
+                state=trace["state"],
+                instruction=str(trace["instruction"]),
+            ),
+            noise=trace["noise"],
+        )
+    finally:
+        policy.set_flow_steps(previous_steps)
+    pipe = policy.pipeline
+    plan = policy.plan(str(trace["instruction"]))
+    observed = {
+        "pixel_values": pipe.input_buffer("pixel_values"),
+        "input_ids": plan.ids_for(state_bins(trace["state"], policy.norm_stats.state)),
+        "attention_bias": pipe.input_buffer("attention_bias"),
+        "encoder_attention_mask": pipe.input_buffer("encoder_attention_mask"),
+        "hidden_states": pipe.input_buffer("hidden_states"),
+        "actions_normalized": chunk.actions_normalized,
+        "chunk": chunk.actions,
+    }
+    rows = []
+    for name in TRACE_CHECKS:
+        if name in trace:
+            rows.append(compare(stage, name, observed[name], trace[name], **tolerances))
+    return rows

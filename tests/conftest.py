@@ -16,7 +16,8 @@ def _package_logs_reach_caplog():
 
     names = [n for n in list(logging.Logger.manager.loggerDict)
              if n == "molmoact2_ros" or n.startswith("molmoact2_ros.")]
-    for name in {"molmoact2_ros", "molmoact2_ros.controller", "molmoact2_ros.runtime", *names}:
+    for name in {"molmoact2_ros", "molmoact2_ros.control.controller", "molmoact2_ros.runtime",
+                 *names}:
         logging.getLogger(name).propagate = True
 
 

@@ -7,9 +7,9 @@ import time
 
 import numpy as np
 
-from molmoact2_ros.controller import Controller
+from molmoact2_ros.control.controller import Controller
+from molmoact2_ros.control.params import Settings
 from molmoact2_ros.errors import PromptError, RuntimeBackendError
-from molmoact2_ros.params import Settings
 from molmoact2_ros.policy import ActionChunk
 
 VARIANT_WORDS = {"grid_sampler": 20, "lp_vtp_sd": 20, "fused": 6}  # instruction budget

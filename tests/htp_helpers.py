@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from molmoact2_ros.variants import VARIANTS, get_variant
+from molmoact2_ros.bundle.variants import VARIANTS, get_variant
 
 TESTS = Path(__file__).resolve().parent
 FAKE_PATH = TESTS / "fake_qai_appbuilder"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from molmoact2_ros.golden import load_npz
-from molmoact2_ros.params import Settings
+from molmoact2_ros.bundle.golden import load_npz
+from molmoact2_ros.control.params import Settings
 
 FIRST_NS = 10**9
 PERIOD_NS = 5 * 10**8
@@ -22,7 +22,7 @@ def obs_bag(path: Path, tr: dict, frames: int = 3, *, swap: bool = False, skip: 
             **kw) -> Path:
     """``frames`` observations of the trace, one every 0.5 s from t = 1 s (the first ``skip``
     left out); the state moves a little per frame so every chunk differs."""
-    from molmoact2_ros.replay import write_observation_bag
+    from molmoact2_ros.replay.replay import write_observation_bag
 
     primary, wrist = tr["image_primary"], tr["image_wrist"]
     if swap:
@@ -37,7 +37,7 @@ def obs_bag(path: Path, tr: dict, frames: int = 3, *, swap: bool = False, skip: 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
     """``molmoact2 ARGV`` in this process: (exit status, stdout, stderr)."""
-    from molmoact2_ros.cli import main
+    from molmoact2_ros.cli.app import main
 
     rc = main([str(a) for a in argv])
     out = capsys.readouterr()

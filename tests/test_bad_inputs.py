@@ -8,9 +8,9 @@ import shutil
 import numpy as np
 import pytest
 
-from molmoact2_ros.bundle import Bundle, Suffixes
+from molmoact2_ros.bundle.bundle import Bundle, Suffixes
+from molmoact2_ros.bundle.golden import load_npz
 from molmoact2_ros.errors import BundleError, ObservationError, PromptError
-from molmoact2_ros.golden import load_npz
 from molmoact2_ros.policy import Observation, Policy
 from molmoact2_ros.runtime import open_sessions
 

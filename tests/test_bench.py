@@ -7,10 +7,10 @@ import json
 
 import numpy as np
 
-from molmoact2_ros.bench import floor_bytes
-from molmoact2_ros.bench_host import REPLAY_MIN_CHUNKS
-from molmoact2_ros.cli import main
-from molmoact2_ros.variants import VARIANTS
+from molmoact2_ros.bench.host import REPLAY_MIN_CHUNKS
+from molmoact2_ros.bench.runtime import floor_bytes
+from molmoact2_ros.bundle.variants import VARIANTS
+from molmoact2_ros.cli.app import main
 
 
 def test_bench_prints_every_row_and_a_verdict_per_target(tmp_path, capsys):

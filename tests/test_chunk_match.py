@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from molmoact2_ros.chunk_match import FP16, FP32, LiveCheck, format_summary, match_chunks
+from molmoact2_ros.replay.chunk_match import FP16, FP32, LiveCheck, format_summary, match_chunks
 
 NAMES = ["x", "y", "z", "roll", "pitch", "yaw", "gripper"]
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,8 +11,8 @@ import pytest
 from htp_helpers import ensure_contexts, fake_env
 
 import molmoact2_ros
-from molmoact2_ros import appbuilder
-from molmoact2_ros.cli import build_parser, main
+from molmoact2_ros.cli.app import build_parser, main
+from molmoact2_ros.runtime import appbuilder
 
 #: Every command, checked option by option.
 OWNED = ("demo", "parity", "conventions", "tiny-bundle", "export-host", "replay",
@@ -72,7 +72,7 @@ def _boom(args):
 
 def test_unexpected_errors_are_one_line_and_traceback_only_with_debug(monkeypatch, capsys,
                                                                       tiny_root):
-    import molmoact2_ros.demo as demo
+    import molmoact2_ros.cli.demo as demo
 
     monkeypatch.setattr(demo, "cmd_demo", _boom)
     assert main(["demo", str(tiny_root)]) == 1
@@ -136,7 +136,7 @@ def test_replay_takes_a_variant_folder_as_bundle_root(tiny_root, tmp_path, capsy
     pytest.importorskip("rosbags")
     trace = tiny_root / "grid_sampler" / "golden" / "e2e_trace.npz"
     assert main(["trace-to-bag", str(trace), str(tmp_path / "bag"), "--frames", "1"]) == 0
-    from molmoact2_ros.golden import load_npz
+    from molmoact2_ros.bundle.golden import load_npz
 
     instruction = str(load_npz(trace, ["instruction"])["instruction"])
     code = main(["replay", str(tmp_path / "bag"), "--bundle-root", str(tiny_root / "grid_sampler"),
@@ -199,7 +199,7 @@ def test_doctor_checks_every_variant_of_a_root(tiny_root, monkeypatch, capsys):
 
 def test_bundle_parameters_from_a_root_or_one_variant_folder(tiny_root, tmp_path):
     """What replay --bundle-root and the launch file's bundle_root turn into parameters."""
-    from molmoact2_ros.bundle import bundle_parameters
+    from molmoact2_ros.bundle.bundle import bundle_parameters
 
     assert bundle_parameters(tiny_root) == {
         f"bundle.{v}": str((tiny_root / v).resolve()) for v in ("grid_sampler", "lp_vtp_sd",

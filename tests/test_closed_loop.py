@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from molmoact2_ros.closed_loop import TrajectoryFollower, run_closed_loop
-from molmoact2_ros.closed_loop_scene import Scene, TargetTrackingPolicy, locate_target
-from molmoact2_ros.controller import Published
-from molmoact2_ros.params import Settings
+from molmoact2_ros.bench.closed_loop import TrajectoryFollower, run_closed_loop
+from molmoact2_ros.bench.closed_loop_scene import Scene, TargetTrackingPolicy, locate_target
+from molmoact2_ros.control.controller import Published
+from molmoact2_ros.control.params import Settings
+from molmoact2_ros.control.safety import SafetyReport
 from molmoact2_ros.policy import ActionChunk
-from molmoact2_ros.safety import SafetyReport
 
 MS = 1_000_000
 
@@ -85,7 +85,7 @@ def test_crossfade_and_inpaint_halve_the_largest_switch_jump_without_more_waitin
 
 def test_cli_prints_the_table_and_writes_the_plot(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    from molmoact2_ros.cli import main
+    from molmoact2_ros.cli.app import main
 
     png = tmp_path / "closed_loop.png"
     code = main(["bench", "--closed-loop", "--latencies-ms", "300", "--duration-s", "7",

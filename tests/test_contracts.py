@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
+from molmoact2_ros.bundle.variants import COMPONENTS, VARIANTS, get_variant
 from molmoact2_ros.errors import ContractError
 from molmoact2_ros.runtime.null_backend import REAL_GEOMETRY, null_sessions
 from molmoact2_ros.runtime.session import SessionSet, TensorInfo
-from molmoact2_ros.variants import COMPONENTS, VARIANTS, get_variant
 
 
 def test_variant_table():

@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from molmoact2_ros.controller import ACTIVE, FINALIZED, INACTIVE, UNCONFIGURED, Controller
+from molmoact2_ros.control.controller import ACTIVE, FINALIZED, INACTIVE, UNCONFIGURED, Controller
+from molmoact2_ros.control.params import PARAMS, Settings, apply_kind, validate_changes
 from molmoact2_ros.errors import MolmoActError, ObservationError, RuntimeBackendError
-from molmoact2_ros.params import PARAMS, Settings, apply_kind, validate_changes
 from molmoact2_ros.policy import ActionChunk
 
 

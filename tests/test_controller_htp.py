@@ -9,15 +9,15 @@ import signal
 import numpy as np
 from htp_helpers import Snapshot, ensure_contexts, fake_env
 
-from molmoact2_ros.controller import Controller
-from molmoact2_ros.golden import load_npz
-from molmoact2_ros.params import Settings
+from molmoact2_ros.bundle.golden import load_npz
+from molmoact2_ros.control.controller import Controller
+from molmoact2_ros.control.params import Settings
 
 
 def _reference_chunk(trace, seed) -> np.ndarray:
+    from molmoact2_ros.bundle.variants import VARIANTS
     from molmoact2_ros.synth.reference import run_trace
     from molmoact2_ros.synth.writer import reference_for
-    from molmoact2_ros.variants import VARIANTS
 
     model, host = reference_for(VARIANTS["lp_vtp_sd"], 0)
     return run_trace(model, host, primary=trace["image_primary"], wrist=trace["image_wrist"],

@@ -9,10 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from molmoact2_ros.bundle import Bundle
-from molmoact2_ros.cli import main as cli_main
-from molmoact2_ros.convention_check import MATCH, MISMATCH, check_conventions, infer_from_bias
-from molmoact2_ros.host.conventions import Conventions
+from molmoact2_ros.bundle.bundle import Bundle
+from molmoact2_ros.bundle.conventions import Conventions
+from molmoact2_ros.cli.app import main as cli_main
+from molmoact2_ros.cli.conventions import MATCH, MISMATCH, check_conventions, infer_from_bias
 
 
 def test_bias_reading_hand_worked():

@@ -7,7 +7,7 @@ import json
 import pytest
 from htp_helpers import ensure_contexts, fake_env
 
-from molmoact2_ros.cli import main
+from molmoact2_ros.cli.app import main
 
 HARDWARE = {"doctor platform", "doctor libcdsprpc.so", "doctor FastRPC devices"}
 
@@ -20,7 +20,7 @@ def test_report_over_the_fake_is_complete(tiny_root, tmp_path, monkeypatch, caps
     code = main(["device-report", str(tiny_root / "lp_vtp_sd"), "--out", str(out)])
     report = json.loads(out.with_suffix(".json").read_text())
     text = out.read_text()
-    from molmoact2_ros.device_report import failed
+    from molmoact2_ros.cli.device_report import failed
 
     assert set(failed(report)) <= HARDWARE  # only what needs the board itself
     assert code == (1 if failed(report) else 0)
@@ -97,6 +97,6 @@ def test_report_replays_a_robot_bag_against_a_workstation_golden(tiny_root, tmp_
           "--golden", str(goldens["other"])])
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["replay"]["status"] == "FAIL"
-    from molmoact2_ros.device_report import failed
+    from molmoact2_ros.cli.device_report import failed
 
     assert "replay against the golden chunk bag" in failed(report)

@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 from htp_helpers import ensure_contexts, fake_env
 
-from molmoact2_ros.cli import main
+from molmoact2_ros.cli.app import main
 
 #: Checks that fail on any machine without the IQ-9075 hardware, fake or not.
 MACHINE_CHECKS = {"platform", "libcdsprpc.so", "FastRPC devices", "DSP arch"}

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from molmoact2_ros.execution import (
+from molmoact2_ros.control.execution import (
     Executing,
     blend,
     chunk_timing,

@@ -6,8 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from molmoact2_ros.controller import Controller, chunk_message_fields, trajectory_message_fields
-from molmoact2_ros.params import Settings, validate_changes
+from molmoact2_ros.control.controller import (
+    Controller,
+    chunk_message_fields,
+    trajectory_message_fields,
+)
+from molmoact2_ros.control.params import Settings, validate_changes
 from molmoact2_ros.policy import ActionChunk
 
 MS = 1_000_000

@@ -9,10 +9,10 @@ import struct
 import numpy as np
 import pytest
 
-from molmoact2_ros.cli import main as cli_main
+from molmoact2_ros.bundle.conventions import Conventions
+from molmoact2_ros.cli.app import main as cli_main
+from molmoact2_ros.cli.export_host import embedding_table
 from molmoact2_ros.errors import BundleError
-from molmoact2_ros.export_host import embedding_table
-from molmoact2_ros.host.conventions import Conventions
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from molmoact2_ros.bundle.golden import compare, format_table, load_npz
 from molmoact2_ros.errors import GoldenError
-from molmoact2_ros.golden import compare, format_table, load_npz
 
 
 def test_missing_keys_say_what_the_file_holds(tmp_path):

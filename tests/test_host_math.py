@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from molmoact2_ros.bundle.conventions import Conventions
+from molmoact2_ros.bundle.normstats import FeatureStats
 from molmoact2_ros.errors import BundleError, ObservationError
-from molmoact2_ros.host.conventions import Conventions
 from molmoact2_ros.host.flow import euler_update, initial_noise, run_flow, timesteps
-from molmoact2_ros.host.normstats import FeatureStats
 from molmoact2_ros.host.prompt import (
     action_dim_is_pad,
     attention_bias,

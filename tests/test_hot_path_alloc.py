@@ -8,8 +8,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from molmoact2_ros.bench_host import _settings, host_bundle, null_policy
-from molmoact2_ros.controller import Controller, chunk_message_fields
+from molmoact2_ros.bench.host import _settings, host_bundle, null_policy
+from molmoact2_ros.control.controller import Controller, chunk_message_fields
 from molmoact2_ros.host import fp16
 from molmoact2_ros.host.images import decode_image
 

@@ -209,7 +209,7 @@ def test_missing_backend_library_exits_the_process(ctx_path):
 
 def test_worker_loader_verifies_the_load(qai, ctx_path, tmp_path):
     """QnnSession (runs in workers) refuses empty loads and wrong graph names, re-views int32."""
-    from molmoact2_ros.host.conventions import Conventions
+    from molmoact2_ros.bundle.conventions import Conventions
     from molmoact2_ros.runtime.loaders import LoadFailed, QnnLoader
     from molmoact2_ros.runtime.protocol import SessionSpec, WorkerSpec
 
@@ -260,7 +260,7 @@ def ufp16_offset(low: float, high: float) -> int:
 
 def test_worker_loads_quantized_io_in_float_mode(qai, quant_ctx_path):
     """Fixed-point I/O: loaded again with float I/O, declared float32, values dequantized."""
-    from molmoact2_ros.host.conventions import Conventions
+    from molmoact2_ros.bundle.conventions import Conventions
     from molmoact2_ros.runtime.loaders import QnnLoader
     from molmoact2_ros.runtime.protocol import SessionSpec, WorkerSpec
 
@@ -281,7 +281,7 @@ def test_worker_loads_quantized_io_in_float_mode(qai, quant_ctx_path):
 
 def test_wrong_sized_input_is_refused_by_the_worker_guard(qai, ctx_path):
     """The fake (like the library) would run a short buffer; the worker's guard refuses it."""
-    from molmoact2_ros.host.conventions import Conventions
+    from molmoact2_ros.bundle.conventions import Conventions
     from molmoact2_ros.runtime.loaders import InferenceFailed, QnnLoader
     from molmoact2_ros.runtime.protocol import SessionSpec, WorkerSpec
 
@@ -304,7 +304,7 @@ def test_wrong_sized_input_is_refused_by_the_worker_guard(qai, ctx_path):
 _ORCHESTRATOR_IMPORTS = """
 import sys
 import numpy as np
-from molmoact2_ros.bundle import Bundle
+from molmoact2_ros.bundle.bundle import Bundle
 from molmoact2_ros.policy import Policy
 from molmoact2_ros.runtime.htp_backend import ResidentPipeline
 root = sys.argv[1]

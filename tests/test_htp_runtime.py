@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from htp_helpers import Snapshot, ensure_contexts, fake_env, marker_injector, process_gone
 
-from molmoact2_ros.bundle import Bundle
+from molmoact2_ros.bundle.bundle import Bundle
+from molmoact2_ros.bundle.golden import component_parity
 from molmoact2_ros.errors import ContractError, RuntimeBackendError, WorkerFailed
-from molmoact2_ros.golden import component_parity
 from molmoact2_ros.runtime.htp_backend import ResidentPipeline
 
 pytest.importorskip("onnxruntime")
@@ -67,7 +67,7 @@ def _parity_ok(pipe: ResidentPipeline, root: Path) -> None:
 
 
 def test_parity_cli_all_variants(control, tiny_root, capsys):
-    from molmoact2_ros.cli import main
+    from molmoact2_ros.cli.app import main
 
     before = Snapshot.take()
     assert main(["parity", str(tiny_root), "--backend", "htp"]) == 0
@@ -80,7 +80,7 @@ def test_parity_cli_all_variants(control, tiny_root, capsys):
 
 def test_parity_cli_w4a16_all_variants(control, tiny_root, capsys):
     """The _w4a16 set (ufp16 I/O, loaded in float mode) on every component passes parity."""
-    from molmoact2_ros.cli import main
+    from molmoact2_ros.cli.app import main
 
     suffixes = [arg for g in ("vision", "llm", "action") for arg in ("--suffix", f"{g}=_w4a16")]
     assert main(["parity", str(tiny_root), "--backend", "htp", *suffixes]) == 0
@@ -189,7 +189,7 @@ def test_contexts_that_do_not_chain_are_refused(control, tiny_root, tmp_path):
 
 _ORCHESTRATOR = """
 import os, sys, time
-from molmoact2_ros.bundle import Bundle
+from molmoact2_ros.bundle.bundle import Bundle
 from molmoact2_ros.runtime.htp_backend import ResidentPipeline
 pipe = ResidentPipeline.open(Bundle.open(sys.argv[1]), install_signal_handlers=True)
 print(" ".join(str(p) for p in pipe.worker_pids().values()), flush=True)

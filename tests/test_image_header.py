@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from image_bytes import jpeg_header, png_header
 
+from molmoact2_ros.control.stamps import StampGate
 from molmoact2_ros.host.image_header import check_compressed_header, read_header
-from molmoact2_ros.stamps import StampGate
 
 
 @pytest.mark.parametrize("width,height", [(1, 1), (640, 480), (4096, 4096), (378, 5)])

@@ -12,8 +12,8 @@ HEAVY = ("rclpy", "onnxruntime", "onnx", "tokenizers", "qai_appbuilder", "rosbag
 
 def test_import_pulls_in_nothing_heavy():
     code = (
-        "import sys, molmoact2_ros, molmoact2_ros.policy, molmoact2_ros.controller, "
-        "molmoact2_ros.golden, molmoact2_ros.cli, molmoact2_ros.replay, "
+        "import sys, molmoact2_ros, molmoact2_ros.policy, molmoact2_ros.control.controller, "
+        "molmoact2_ros.bundle.golden, molmoact2_ros.cli.app, molmoact2_ros.replay.replay, "
         "molmoact2_ros.runtime.htp_backend; "
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     )

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from htp_helpers import ensure_contexts, fake_env
 
-from molmoact2_ros.execution import InpaintGuidance, inpaint_weights
-from molmoact2_ros.golden import load_npz
-from molmoact2_ros.host.conventions import Conventions
+from molmoact2_ros.bundle.conventions import Conventions
+from molmoact2_ros.bundle.golden import load_npz
+from molmoact2_ros.control.execution import InpaintGuidance, inpaint_weights
 from molmoact2_ros.host.flow import run_flow
 from molmoact2_ros.policy import Observation, Policy
 

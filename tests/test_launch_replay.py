@@ -31,10 +31,10 @@ VARIANT = "lp_vtp_sd"
 def _bags(root: Path, work: Path) -> tuple[Path, Path, Path]:
     """An observation bag of 4 frames, its golden chunk bag (ONNX, seed 7), and a golden made
     from the same frames with the cameras swapped (which the bag must not match)."""
-    from molmoact2_ros.cli import main
-    from molmoact2_ros.golden import load_npz
-    from molmoact2_ros.params import Settings
-    from molmoact2_ros.replay import write_observation_bag
+    from molmoact2_ros.bundle.golden import load_npz
+    from molmoact2_ros.cli.app import main
+    from molmoact2_ros.control.params import Settings
+    from molmoact2_ros.replay.replay import write_observation_bag
 
     tr = load_npz(root / VARIANT / "golden" / "e2e_trace.npz")
     for name, cams in (("obs", ("image_primary", "image_wrist")),

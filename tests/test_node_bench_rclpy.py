@@ -14,8 +14,8 @@ import pytest
 rclpy = pytest.importorskip("rclpy")
 pytest.importorskip("molmoact2_ros.msg", reason="build with colcon and source install/setup.bash")
 
-from molmoact2_ros.bench_host import bench_node, format_host, host_bundle  # noqa: E402
-from molmoact2_ros.bench_verdicts import NODE_MS, verdicts  # noqa: E402
+from molmoact2_ros.bench.host import bench_node, format_host, host_bundle  # noqa: E402
+from molmoact2_ros.bench.verdicts import NODE_MS, verdicts  # noqa: E402
 
 
 def test_stamps_are_read_from_serialized_outputs():
@@ -24,7 +24,7 @@ def test_stamps_are_read_from_serialized_outputs():
     from rclpy.serialization import serialize_message
     from trajectory_msgs.msg import JointTrajectory
 
-    from molmoact2_ros.node import _cdr_stamp_ns
+    from molmoact2_ros.ros.bench_nodes import _cdr_stamp_ns
 
     for msg in (ActionChunk(variant="lp_vtp_sd", actions=[1.0] * 70), JointTrajectory()):
         msg.header.stamp = Time(sec=1_700_000_123, nanosec=456_789_012)

@@ -18,7 +18,7 @@ from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from rosgraph_msgs.msg import Clock  # noqa: E402
 
-from molmoact2_ros.node import PolicyNode  # noqa: E402
+from molmoact2_ros.ros.policy_node import PolicyNode  # noqa: E402
 
 
 def test_a_clock_jump_back_resets_the_controller_and_reaches_diagnostics():

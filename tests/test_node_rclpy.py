@@ -28,9 +28,9 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data  # 
 from sensor_msgs.msg import Image, JointState  # noqa: E402
 from trajectory_msgs.msg import JointTrajectory  # noqa: E402
 
-from molmoact2_ros.golden import load_npz  # noqa: E402
-from molmoact2_ros.node import PolicyNode  # noqa: E402
-from molmoact2_ros.params import PARAMS_BY_NAME  # noqa: E402
+from molmoact2_ros.bundle.golden import load_npz  # noqa: E402
+from molmoact2_ros.control.params import PARAMS_BY_NAME  # noqa: E402
+from molmoact2_ros.ros.policy_node import PolicyNode  # noqa: E402
 
 SUCCESS = TransitionCallbackReturn.SUCCESS
 

@@ -8,7 +8,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from molmoact2_ros.params import PARAMS
+from molmoact2_ros.control.params import PARAMS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,10 +38,10 @@ def test_variant_files_only_set_known_parameters():
 def test_action_chunk_message_fields_match_the_published_mapping():
     import numpy as np
 
-    from molmoact2_ros.controller import Published, chunk_message_fields
-    from molmoact2_ros.params import Settings
+    from molmoact2_ros.control.controller import Published, chunk_message_fields
+    from molmoact2_ros.control.params import Settings
+    from molmoact2_ros.control.safety import SafetyReport
     from molmoact2_ros.policy import ActionChunk
-    from molmoact2_ros.safety import SafetyReport
 
     fields = [line.split()[1] for line in (ROOT / "msg" / "ActionChunk.msg").read_text()
               .splitlines() if line.strip() and not line.startswith("#")]

@@ -10,9 +10,9 @@ import shutil
 import numpy as np
 import pytest
 
-from molmoact2_ros.cli import main as cli_main
-from molmoact2_ros.golden import compare, component_parity, e2e_parity, load_npz
-from molmoact2_ros.policy import Observation, Policy
+from molmoact2_ros.bundle.golden import compare, component_parity, load_npz
+from molmoact2_ros.cli.app import main as cli_main
+from molmoact2_ros.policy import Observation, Policy, e2e_parity
 
 
 @pytest.fixture(scope="module")

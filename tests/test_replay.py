@@ -12,15 +12,15 @@ pytest.importorskip("rosbags")
 pytest.importorskip("PIL")
 from replay_helpers import FIRST_NS, PERIOD_NS, humble_recorded, obs_bag, run_cli, trace  # noqa: E402
 
-from molmoact2_ros.chunkbag import (  # noqa: E402
+from molmoact2_ros.control.params import Settings  # noqa: E402
+from molmoact2_ros.errors import BagError  # noqa: E402
+from molmoact2_ros.replay.chunkbag import (  # noqa: E402
     CHUNK_TOPIC,
     SETTINGS_TOPIC,
     TRAJECTORY_TOPIC,
     read_chunk_bag,
 )
-from molmoact2_ros.errors import BagError  # noqa: E402
-from molmoact2_ros.params import Settings  # noqa: E402
-from molmoact2_ros.replay import replay, typestore  # noqa: E402
+from molmoact2_ros.replay.replay import replay, typestore  # noqa: E402
 
 
 def _record(tmp_path, tiny_root, bag, tr, capsys, *extra, name="golden"):
@@ -176,9 +176,9 @@ def test_extra_chunks_fail(tiny_root, tmp_path, lp_golden, capsys):
 
 def test_chunks_match_the_reference_for_their_stamp(tiny_root, tmp_path):
     """Independent check of the noise rule: the reference model with seed [7, stamp_ns]."""
+    from molmoact2_ros.bundle.variants import VARIANTS
     from molmoact2_ros.synth.reference import run_trace
     from molmoact2_ros.synth.writer import reference_for
-    from molmoact2_ros.variants import VARIANTS
 
     tr = trace(tiny_root, "grid_sampler")
     bag = obs_bag(tmp_path / "obs", tr, 2)
@@ -233,7 +233,7 @@ def test_report_and_last_lines(tiny_root, tmp_path, lp_golden, capsys):
 
 
 def test_replay_skips_unsynchronised_and_invalid_frames(tiny_root, tmp_path):
-    from molmoact2_ros.replay import write_observation_bag
+    from molmoact2_ros.replay.replay import write_observation_bag
 
     tr = trace(tiny_root, "lp_vtp_sd")
     settings = Settings().with_changes({

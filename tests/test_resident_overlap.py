@@ -12,8 +12,9 @@ import struct
 import numpy as np
 import pytest
 
+from molmoact2_ros.bundle.conventions import Conventions
+from molmoact2_ros.bundle.variants import COMPONENTS, VARIANTS
 from molmoact2_ros.errors import WorkerFailed
-from molmoact2_ros.host.conventions import Conventions
 from molmoact2_ros.runtime.arena import Arena
 from molmoact2_ros.runtime.htp_backend import ResidentPipeline, _Declared
 from molmoact2_ros.runtime.layout import plan_arena
@@ -30,7 +31,6 @@ from molmoact2_ros.runtime.protocol import (
 from molmoact2_ros.runtime.session import NUMPY_DTYPES, bind_contracts
 from molmoact2_ros.runtime.supervisor import WorkerHandle
 from molmoact2_ros.runtime.worker import BoundSession
-from molmoact2_ros.variants import COMPONENTS, VARIANTS
 
 SMALL = {"H": 8, "KV": 4, "L0": 1, "L1": 2, "L2": 1, "L3": 2, "L": 6, "AH": 2, "AD": 2}
 

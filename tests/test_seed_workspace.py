@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from htp_helpers import ensure_contexts, fake_env
 
-from molmoact2_ros.cli import main
+from molmoact2_ros.cli.app import main
 
 pytest.importorskip("onnxruntime")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from molmoact2_ros.bundle import Bundle, Suffixes
+from molmoact2_ros.bundle.bundle import Bundle, Suffixes
 
 
 def test_action_suffix_leaves_action_context_alone(tiny_root):
@@ -24,8 +24,8 @@ def test_a_quantised_action_context_is_chosen_only_by_its_own_name(tiny_root, tm
 
     import pytest
 
+    from molmoact2_ros.control.params import Settings, validate_changes
     from molmoact2_ros.errors import MolmoActError
-    from molmoact2_ros.params import Settings, validate_changes
 
     explicit = Suffixes.from_mapping({"action": "_w4a16", "action_context": "_w4a16"})
     assert explicit.for_component("action_context") == "_w4a16"

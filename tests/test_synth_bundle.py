@@ -11,13 +11,13 @@ import pytest
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
-from molmoact2_ros.host.conventions import Conventions  # noqa: E402
+from molmoact2_ros.bundle.conventions import Conventions  # noqa: E402
+from molmoact2_ros.bundle.variants import COMPONENTS, VARIANTS  # noqa: E402
 from molmoact2_ros.runtime.onnx_backend import OnnxSession  # noqa: E402
 from molmoact2_ros.runtime.session import SessionSet  # noqa: E402
 from molmoact2_ros.synth import assets, write_tiny_bundles  # noqa: E402
 from molmoact2_ros.synth.reference import run_trace  # noqa: E402
 from molmoact2_ros.synth.writer import reference_for  # noqa: E402
-from molmoact2_ros.variants import COMPONENTS, VARIANTS  # noqa: E402
 
 VARIANT_NAMES = tuple(VARIANTS)
 TRACE_KEYS = {

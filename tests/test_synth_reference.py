@@ -8,11 +8,11 @@ import sys
 import numpy as np
 import pytest
 
+from molmoact2_ros.bundle.variants import VARIANTS
 from molmoact2_ros.synth import assets
 from molmoact2_ros.synth import reference_host as rh
 from molmoact2_ros.synth.reference import prompt_ids
 from molmoact2_ros.synth.writer import reference_for
-from molmoact2_ros.variants import VARIANTS
 
 #: The main prompt (BOS + tokens) of the golden trace, per variant.
 MAIN_PROMPT_TOKENS = {"grid_sampler": 121, "lp_vtp_sd": 121, "fused": 481}

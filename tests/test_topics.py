@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from molmoact2_ros.control.params import Settings
+from molmoact2_ros.control.topics import image_topic, input_topics, resolve, subscription_topics
 from molmoact2_ros.errors import MolmoActError
-from molmoact2_ros.params import Settings
-from molmoact2_ros.topics import image_topic, input_topics, resolve, subscription_topics
 
 
 @pytest.mark.parametrize("name,namespace,want", [

@@ -8,10 +8,21 @@ can change without new contexts. The same functions run in-process and in the ac
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from .conventions import Conventions
+from ..bundle.conventions import Conventions
+
+
+@dataclass(frozen=True)
+class InpaintGuidance:
+    """Previous actions (de-normalised, [H, D]) and per-row weights for the flow loop."""
+
+    prefix: np.ndarray
+    weights: np.ndarray
+    frozen_rows: int
+    overlap_rows: int
 
 
 def initial_noise(

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..bundle.conventions import Conventions
+from ..bundle.schema import Field, check_fields, read_json_object
+from ..bundle.variants import VariantSpec
 from ..errors import BundleError, PromptError
-from ..schema import Field, check_fields, read_json_object
-from ..variants import VariantSpec
 from . import fp16
-from .conventions import Conventions
 
 _PREFIXES = re.compile(
     r"^(?:task|instruction|language instruction|goal)\s*:\s*|^(?:your |the )task is to\s+",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..bundle.normstats import FeatureStats
 from ..errors import ObservationError
-from .normstats import FeatureStats
 
 NUM_STATE_BINS = 256
 

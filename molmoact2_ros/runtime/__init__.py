@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..bundle.variants import COMPONENTS
 from ..errors import RuntimeBackendError
-from ..variants import COMPONENTS
 from .session import Geometry, Session, SessionSet, TensorInfo
 
 if TYPE_CHECKING:
-    from ..bundle import Bundle, Suffixes
+    from ..bundle.bundle import Bundle, Suffixes
     from .pipeline import Pipeline
 
 BACKENDS = ("onnx", "htp", "null")
@@ -23,7 +23,7 @@ def open_sessions(
     bundle: Bundle, backend: str = "onnx", suffixes: Suffixes | None = None
 ) -> SessionSet:
     """Load all seven sessions of a bundle in this process and validate that they chain."""
-    from ..bundle import Suffixes
+    from ..bundle.bundle import Suffixes
 
     suffixes = suffixes or Suffixes()
     conventions = bundle.conventions()

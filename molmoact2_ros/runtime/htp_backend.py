@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..bundle.conventions import Conventions
+from ..bundle.variants import ACTION_CONTEXT, ACTION_STEP, COMPONENTS, VISION, VariantSpec
 from ..errors import ContractError, RuntimeBackendError, WorkerFailed
-from ..host.conventions import Conventions
-from ..variants import ACTION_CONTEXT, ACTION_STEP, COMPONENTS, VISION, VariantSpec
 from .arena import Arena
 from .layout import plan_arena
 from .libpaths import preflight
@@ -51,7 +51,7 @@ from .supervisor import (
 )
 
 if TYPE_CHECKING:
-    from ..bundle import Bundle, Suffixes
+    from ..bundle.bundle import Bundle, Suffixes
 
 ACTION_WORKER = "action"
 
@@ -138,7 +138,7 @@ class ResidentPipeline:
         **options,
     ) -> ResidentPipeline:
         """Start the workers on a bundle's context binaries (``ctx/``) and verify them."""
-        from ..bundle import Suffixes
+        from ..bundle.bundle import Suffixes
 
         opts = ResidentOptions.from_kwargs(options)
         suffixes = suffixes or Suffixes()

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..bundle.variants import ACTION_CONTEXT, ACTION_STEP, VISION, VariantSpec
 from ..errors import ContractError
-from ..variants import ACTION_CONTEXT, ACTION_STEP, VISION, VariantSpec
 from .arena import ArenaLayout
 from .protocol import Binding, Slot
 from .session import Geometry, TensorInfo

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..variants import get_variant
+from ..bundle.variants import get_variant
 from .protocol import SessionSpec, WorkerSpec
 from .session import NUMPY_DTYPES, TensorInfo
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..variants import VariantSpec
+from ..bundle.variants import VariantSpec
 from .session import TensorInfo
 
 #: Real MolmoAct2-LIBERO geometry (host_glue.md §1): the sizes a null session pretends to have.

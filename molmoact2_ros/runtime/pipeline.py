@@ -14,9 +14,9 @@ from typing import Protocol
 
 import numpy as np
 
-from ..host.conventions import Conventions
+from ..bundle.conventions import Conventions
+from ..bundle.variants import ACTION_CONTEXT, ACTION_STEP, VISION
 from ..host.flow import run_flow
-from ..variants import ACTION_CONTEXT, ACTION_STEP, VISION
 from .session import Geometry, SessionSet
 
 INPUT_BUFFERS = (

@@ -13,7 +13,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..host.conventions import Conventions
+from ..bundle.conventions import Conventions
 
 REQUEST = struct.Struct("<BII")
 REPLY = struct.Struct("<BI")

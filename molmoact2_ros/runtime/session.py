@@ -8,8 +8,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ..errors import ContractError
-from ..variants import (
+from ..bundle.variants import (
     ACTION_CONTEXT,
     ACTION_STEP,
     COMPONENTS,
@@ -18,6 +17,7 @@ from ..variants import (
     TensorSpec,
     VariantSpec,
 )
+from ..errors import ContractError
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
+from ..bundle.variants import ACTION_CONTEXT, ACTION_STEP, COMPONENTS
 from ..host.flow import run_flow
-from ..variants import ACTION_CONTEXT, ACTION_STEP, COMPONENTS
 from .arena import Arena
 from .loaders import InferenceFailed, LoadFailed, SessionLoader, WorkerSession, make_loader
 from .protocol import (

@@ -16,7 +16,7 @@ def write_tiny_bundles(
     Needs ``onnx`` (graph building); the goldens come only from the numpy reference. The
     ``ctx/`` binaries (fp16 and ``_w4a16`` names) load only in the test fake of qai_appbuilder.
     """
-    from ..variants import get_variant
+    from ..bundle.variants import get_variant
     from .contexts import write_fake_contexts
     from .writer import write_variant
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..variants import ACTION_CONTEXT, COMPONENTS, VariantSpec
+from ..bundle.variants import ACTION_CONTEXT, COMPONENTS, VariantSpec
 
 FAKE_CONTEXT_MAGIC = b"MOLMOACT2-FAKE-QNN-CONTEXT/1\n"
 MIN_BYTES = 4096

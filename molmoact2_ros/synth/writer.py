@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..host.conventions import Conventions
-from ..variants import COMPONENTS, VARIANTS, VariantSpec
+from ..bundle.conventions import Conventions
+from ..bundle.variants import COMPONENTS, VARIANTS, VariantSpec
 from . import assets
 from .graphs import GraphOptions, build_graphs
 from .reference import HostSetup, ReferenceModel, run_trace

@@ -32,7 +32,7 @@ def _write(tmp, topics):
     """A bag with the given (topic, type, message or None) rows."""
     from rosbags.rosbag2 import StoragePlugin, Writer
 
-    from molmoact2_ros.replay import typestore
+    from molmoact2_ros.replay.replay import typestore
 
     store = typestore()
     out = tmp / "obs"
@@ -60,7 +60,7 @@ def _wrong_type(tmp, tr):
 def _empty_bag(tmp, tr):
     from rosbags.rosbag2 import StoragePlugin, Writer
 
-    from molmoact2_ros.replay import typestore
+    from molmoact2_ros.replay.replay import typestore
 
     store = typestore()
     out = tmp / "obs"

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from molmoact2_ros.bundle import Bundle
+from molmoact2_ros.bundle.bundle import Bundle
 from molmoact2_ros.errors import BundleError
 from molmoact2_ros.host.prompt import EmbeddingTable, PromptBuilder, PromptConfig, Tokenizer
 

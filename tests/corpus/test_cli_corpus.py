@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from molmoact2_ros.cli import main
+from molmoact2_ros.cli.app import main
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

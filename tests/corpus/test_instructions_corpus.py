@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from molmoact2_ros.bundle import Bundle
+from molmoact2_ros.bundle.bundle import Bundle
 from molmoact2_ros.errors import PromptError
 from molmoact2_ros.host.prompt import EmbeddingTable, PromptBuilder, PromptConfig, Tokenizer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from molmoact2_ros.params import PARAMS, Settings, validate_changes
+from molmoact2_ros.control.params import PARAMS, Settings, validate_changes
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

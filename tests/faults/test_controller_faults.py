@@ -11,8 +11,8 @@ import time
 import pytest
 from controller_fakes import Rig
 
-from molmoact2_ros.controller import ACTIVE, INACTIVE, UNCONFIGURED
-from molmoact2_ros.sync import ApproxTimeSync
+from molmoact2_ros.control.controller import ACTIVE, INACTIVE, UNCONFIGURED
+from molmoact2_ros.control.sync import ApproxTimeSync
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 SECOND = 1_000_000_000

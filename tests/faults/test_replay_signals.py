@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 
 @pytest.mark.parametrize("sig,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_closes_the_output_bag(tiny_root, tmp_path, sig, status):
-    from molmoact2_ros.chunkbag import read_chunk_bag
+    from molmoact2_ros.replay.chunkbag import read_chunk_bag
 
     tr = trace(tiny_root, "grid_sampler")
     bag = obs_bag(tmp_path / "obs", tr, 60)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from htp_helpers import Snapshot, ensure_contexts, fake_env, marker_injector, process_gone
 
-from molmoact2_ros.bundle import Bundle
+from molmoact2_ros.bundle.bundle import Bundle
 from molmoact2_ros.errors import RuntimeBackendError, WorkerFailed
 from molmoact2_ros.runtime.htp_backend import ResidentPipeline
 
@@ -288,7 +288,7 @@ def test_pipeline_opened_from_a_short_lived_thread_outlives_it(clean, tiny_root)
 # -- parent death ----------------------------------------------------------------------------
 _ORCHESTRATOR = """
 import sys, threading, time
-from molmoact2_ros.bundle import Bundle
+from molmoact2_ros.bundle.bundle import Bundle
 from molmoact2_ros.runtime.htp_backend import ResidentPipeline
 pipe = ResidentPipeline.open(Bundle.open(sys.argv[1]), call_timeout_s=600)
 print(" ".join(f"{k}={v}" for k, v in pipe.worker_pids().items()), flush=True)

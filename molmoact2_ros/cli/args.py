@@ -1,0 +1,101 @@
+"""Shared pieces of the ``molmoact2`` commands: help formatting, one-line errors, typed options."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+from ..bundle.variants import VARIANTS
+
+BACKENDS = ("onnx", "htp")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps description line breaks and appends ``(default: X)`` to every option that has one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        shown = not (default is None or default is False or default is argparse.SUPPRESS
+                     or default == [])
+        if shown and "%(default)" not in text and (action.option_strings or action.nargs in
+                                                    (argparse.OPTIONAL, argparse.ZERO_OR_MORE)):
+            text += " (default: %(default)s)"
+        return text
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line naming the command and its ``--help``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):  # noqa: D102 (argparse API)
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _number(kind: Callable, text: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An ``int`` option type refusing values below ``low`` (e.g. ``--chunks 0``)."""
+
+    def parse(text: str) -> int:
+        value = _number(int, text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below the minimum {low}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def float_in(low: float, high: float, *, low_open: bool = False) -> Callable[[str], float]:
+    """A ``float`` option type accepting ``[low, high]`` (``(low, high]`` with ``low_open``)."""
+
+    def parse(text: str) -> float:
+        value = _number(float, text)
+        if value > high or value < low or (low_open and value == low):
+            bracket = "(" if low_open else "["
+            raise argparse.ArgumentTypeError(f"{value} is outside {bracket}{low}, {high}]")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def add_bundle_args(p: argparse.ArgumentParser) -> None:
+    """The ``BUNDLE [--variant V]`` pair every bundle command takes, resolved the same way."""
+    p.add_argument("bundle", help="a variant's bundle folder, or a root with one folder per "
+                   "variant (as tiny-bundle writes)")
+    p.add_argument("--variant", choices=list(VARIANTS),
+                   help="which variant (default: the folder's bundle.json, or every variant "
+                   "folder below a root)")
+
+
+def add_backend_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="onnx", choices=list(BACKENDS),
+                   help="onnx: ONNX Runtime on this machine; htp: the resident qai_appbuilder "
+                   "workers (with --appbuilder fake: the test fake)")
+
+
+def parse_suffix(text: str) -> tuple[str, str]:
+    """``GROUP=SUFFIX`` of ``--suffix`` (groups as in the ``context_suffix.*`` parameters)."""
+    from ..bundle.variants import SUFFIX_GROUPS
+
+    group, sep, suffix = text.partition("=")
+    if not sep or group not in SUFFIX_GROUPS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: use GROUP=SUFFIX with GROUP one of {', '.join(SUFFIX_GROUPS)}"
+        )
+    return group, suffix

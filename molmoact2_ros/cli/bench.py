@@ -1,0 +1,169 @@
+"""``molmoact2 bench``: the host's critical path and the runtime designs, and ``--closed-loop``.
+
+The measurements live in ``bench/``; this module parses the options, runs them and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from ..bench.closed_loop import format_table, run_closed_loop, write_plot
+from ..bench.closed_loop_scene import TargetTrackingPolicy
+from ..bench.runtime import HOST_REPEATS, bench_variant, format_record
+from ..bundle.variants import VARIANTS
+from ..control.execution import BLENDS, START_MODES
+from ..util.progress import counter
+from .args import float_in, int_at_least
+
+
+def _load() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if getattr(args, "closed_loop", False):
+        return cmd_closed_loop(args)
+    from ..bench.host import bench_host, format_host
+    from ..bench.verdicts import format_verdicts, verdicts
+
+    names = args.variants or list(VARIANTS)
+    load_start = _load()
+    print(f"molmoact2 bench on {platform.machine()} ({os.cpu_count()} CPUs), "
+          f"python {platform.python_version()}, numpy {np.__version__}; "
+          f"load average {load_start}", flush=True)
+    bar = counter(len(names) + 5, "bench")
+    records = []
+    try:
+        host = bench_host(names[0] if "lp_vtp_sd" not in names else "lp_vtp_sd",
+                          min(args.chunks, HOST_REPEATS), args.chunks,
+                          progress=lambda label: (bar.set_description(label), bar.update()))
+        print(format_host(host), flush=True)
+        for name in names:
+            bar.set_description(f"runtime {name}")
+            record = bench_variant(VARIANTS[name], args.chunks, args.naive_chunks, args.steps)
+            records.append(record)
+            bar.update()
+            print(format_record(record), flush=True)
+    finally:
+        bar.close()
+    results = verdicts(host, records)
+    load_end = _load()
+    print(format_verdicts(results))
+    print(f"load average at the end {load_end}")
+    if args.json:
+        payload = {
+            "machine": {"arch": platform.machine(), "cpus": os.cpu_count(),
+                        "python": platform.python_version(), "numpy": np.__version__,
+                        "load_start": load_start, "load_end": load_end},
+            "host": host,
+            "variants": records,
+            "verdicts": results,
+        }
+        Path(args.json).write_text(json.dumps(payload, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``molmoact2 bench`` to the CLI."""
+    p = subparsers.add_parser(
+        "bench", help="the host's critical path: preprocessing, embedding, controller, replay, "
+        "runtime overhead vs its memory floor and a naive design (null sessions)"
+    )
+    p.add_argument("--variants", nargs="*", choices=list(VARIANTS),
+                   help="variants to bench (default: all)")
+    p.add_argument("--chunks", type=int_at_least(1), default=50,
+                   help="chunks through design (a) and replay; use e.g. 10000 to watch RSS over "
+                   "a long run")
+    p.add_argument("--naive-chunks", type=int_at_least(1), default=3,
+                   help="chunks through design (b)")
+    p.add_argument("--steps", type=int_at_least(1), help="flow steps (default: the variant's)")
+    p.add_argument("--json", help="write every figure to this JSON file")
+    add_arguments(p)
+    p.set_defaults(func=cmd_bench)
+
+
+def make_policy(kind: str, args: argparse.Namespace, seed: int):
+    if kind == "synthetic":
+        return TargetTrackingPolicy(args.horizon, args.period_ms / 1e3, seed=seed)
+    from ..policy import Policy
+
+    return Policy.load(Path(args.bundle_root) / args.variant, backend="onnx",
+                       instruction="track the target", seed=seed)
+
+
+def cmd_closed_loop(args: argparse.Namespace) -> int:
+    results, plots = [], {}
+    kinds = ["synthetic"] + (["tiny"] if args.bundle_root else [])
+    for kind in kinds:
+        for start in args.start:
+            for latency in args.latencies_ms:
+                traces = {}
+                for blend in args.blends:
+                    policy = make_policy(kind, args, args.seed)
+                    try:
+                        result, trace = run_closed_loop(
+                            policy, blend=blend, start=start, latency_ms=latency,
+                            jitter_ms=args.jitter_ms, duration_s=args.duration_s,
+                            period_s=args.period_ms / 1e3, seed=args.seed, name=kind,
+                            overlap_s=args.overlap_ms / 1e3)
+                    finally:
+                        policy.close()
+                    results.append(result)
+                    traces[blend] = trace
+                plots[(kind, start, latency)] = traces
+    print(f"closed loop: {args.duration_s:g} s per run, control period {args.period_ms:g} ms, "
+          f"latency jitter ±{args.jitter_ms:g} ms, trigger chunk_consumed with "
+          f"execution.overlap_s={args.overlap_ms / 1e3:g}; synthetic horizon "
+          f"{args.horizon}; jumps/steps in action units (m), jerk in m/s³")
+    print(format_table(results), flush=True)
+    if args.plot:
+        key = ("synthetic", args.start[0], args.plot_latency_ms)
+        if key not in plots:
+            key = ("synthetic", args.start[0], args.latencies_ms[0])
+        write_plot(plots[key], Path(args.plot), f"synthetic policy, start={key[1]}, "
+                   f"latency {key[2]:g} ms ± {args.jitter_ms:g}", (3.0, 6.0))
+        print(f"wrote {args.plot}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``--closed-loop`` options of ``molmoact2 bench``."""
+    g = p.add_argument_group("closed loop (--closed-loop)")
+    g.add_argument("--closed-loop", action="store_true",
+                   help="simulate a robot executing chunks: blend strategies vs latency")
+    g.add_argument("--latencies-ms", type=float_in(0.0, 60_000.0), nargs="+",
+                   default=[100, 300, 600, 900], help="inference latencies to simulate")
+    g.add_argument("--jitter-ms", type=float_in(0.0, 60_000.0), default=30.0,
+                   help="uniform latency jitter, plus or minus")
+    g.add_argument("--blends", nargs="+", choices=BLENDS, default=list(BLENDS),
+                   help="execution.blend strategies to compare")
+    g.add_argument("--start", nargs="+", choices=START_MODES, default=["receipt"],
+                   help="execution.start modes to compare")
+    g.add_argument("--duration-s", type=float_in(0.0, 3600.0, low_open=True), default=20.0,
+                   help="simulated seconds per run")
+    g.add_argument("--period-ms", type=float_in(0.0, 10_000.0, low_open=True), default=50.0,
+                   help="control period of the simulated robot")
+    g.add_argument("--overlap-ms", type=float_in(0.0, 10_000.0), default=250.0,
+                   help="execution.overlap_s: chunk left when the next one arrives")
+    g.add_argument("--horizon", type=int_at_least(1), default=20,
+                   help="synthetic policy chunk rows")
+    g.add_argument("--seed", type=int, default=0, help="scene and policy seed")
+    g.add_argument("--bundle-root", help="also run the tiny bundle (folder with one per variant)")
+    g.add_argument("--variant", default="grid_sampler", help="variant of --bundle-root to run")
+    g.add_argument("--plot", help="write the actions-around-switches plot (PNG; matplotlib)")
+    g.add_argument("--plot-latency-ms", type=float_in(0.0, 60_000.0), default=300.0,
+                   help="the latency whose run the plot shows")

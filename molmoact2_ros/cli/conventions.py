@@ -1,0 +1,217 @@
+"""Read the host-glue conventions off a bundle's goldens; compare or repair ``conventions.json``.
+
+The goldens show the mask value, padding side, bidirectional image attention, encoder-mask
+policy, Euler placement and whether vision already adds the ``<im_patch>`` embedding;
+``euler_baked_steps`` and ``flip_images_180`` cannot be read off them (defaults to verify).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..bundle.bundle import Bundle, resolve_bundles
+from ..bundle.conventions import Conventions
+from ..bundle.golden import load_npz
+
+MATCH, MISMATCH, UNKNOWN = "match", "MISMATCH", "unknown"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One convention: what the goldens show, what the bundle says, and how that was read."""
+
+    name: str
+    observed: Any
+    configured: Any
+    evidence: str
+
+    @property
+    def verdict(self) -> str:
+        if self.observed is None:
+            return UNKNOWN
+        return MATCH if self.observed == self.configured else MISMATCH
+
+
+def infer_from_bias(bias: np.ndarray) -> dict[str, Any]:
+    """Mask value, valid columns, padding side and image bidirectionality from a bias."""
+    b = np.asarray(bias, dtype=np.float64).reshape(bias.shape[-2], bias.shape[-1])
+    seq = b.shape[0]
+    allowed = b == 0.0
+    valid = allowed.any(axis=0)
+    pads = np.flatnonzero(~valid)
+    if pads.size == 0:
+        side = None
+    elif pads[0] == 0 and np.all(pads == np.arange(pads.size)):
+        side = "left"
+    elif pads[-1] == seq - 1 and np.all(pads == np.arange(seq - pads.size, seq)):
+        side = "right"
+    else:
+        side = "scattered"
+    upper = np.triu(allowed, k=1)
+    return {
+        "mask_value": float(b.min()) if b.min() < 0 else None,
+        "valid": valid,
+        "padding_side": side,
+        "bidirectional": bool(upper.any()),
+        "bidirectional_pairs": int(upper.sum()),
+    }
+
+
+def check_conventions(bundle: Bundle, conv: Conventions | None = None) -> list[Finding]:
+    """Compare every convention the goldens reveal with ``conv`` (default: conventions.json)."""
+    conv = conv if conv is not None else bundle.conventions()
+    golden = bundle.root / "golden"
+    findings = []
+    split0 = load_npz(golden / "llm_split0_io.npz", ["attention_bias", "hidden_states"])
+    info = infer_from_bias(split0["attention_bias"])
+    findings.append(Finding("mask_value", info["mask_value"], conv.mask_value,
+                            "minimum of llm_split0 attention_bias"))
+    findings.append(Finding(
+        "padding_side", info["padding_side"] if info["padding_side"] != "scattered" else None,
+        conv.padding_side if info["padding_side"] else None,
+        f"{int((~info['valid']).sum())} fully masked key columns in attention_bias"
+        if info["padding_side"] else "no padding in the golden prompt: either side fits"))
+    findings.append(Finding("bidirectional_image_attention", info["bidirectional"],
+                            conv.bidirectional_image_attention,
+                            f"{info['bidirectional_pairs']} allowed query<key pairs"))
+    step = load_npz(golden / "action_step_io.npz", ["encoder_attention_mask"])
+    enc = np.asarray(step["encoder_attention_mask"]).reshape(-1) > 0.5
+    hidden_valid = int((info["valid"] & ~enc).sum())
+    findings.append(Finding(
+        "encoder_mask", "exclude_eos" if hidden_valid else "padding_only", conv.encoder_mask,
+        f"{hidden_valid} valid prompt positions hidden from the action expert"))
+    in_graph = "next_trajectory" in step
+    findings.append(Finding("euler_in_graph", in_graph if in_graph or "velocity" in step
+                            else None, conv.euler_in_graph,
+                            "action_step output is " + ("next_trajectory" if in_graph
+                                                        else "velocity")))
+    findings.append(_patch_embedding(bundle, conv, split0["hidden_states"]))
+    return findings
+
+
+def _patch_embedding(bundle: Bundle, conv, hidden_states: np.ndarray) -> Finding:
+    """At each image position, hidden − image_embed is wte(<im_patch>) (host adds it) or 0."""
+    name = "image_embeds_include_patch_embedding"
+    try:
+        vision = load_npz(bundle.root / "golden" / "vision_io.npz", ["image_embeds"])
+        from ..host.prompt import EmbeddingTable, PromptConfig, Tokenizer
+
+        config = PromptConfig.from_json(bundle.host_path("prompt.json"))
+        patch_id = Tokenizer(bundle.host_path("tokenizer.json")).token_id(
+            config.image_patch_token)
+        patch_row = EmbeddingTable(bundle.host_path("embeddings.npy")).rows(
+            np.array([patch_id]))[0]
+    except Exception as exc:  # host assets are optional for this check
+        return Finding(name, None, conv.image_embeds_include_patch_embedding,
+                       f"needs vision_io.npz and the host assets ({exc})")
+    hidden = np.asarray(hidden_states, np.float64).reshape(-1, patch_row.shape[0])
+    feats = np.asarray(vision["image_embeds"], np.float64).reshape(-1, patch_row.shape[0])
+    added, replaced = 0, 0
+    for feat in feats:
+        residual = hidden - feat
+        best = residual[np.argmin(np.minimum(
+            np.linalg.norm(residual - patch_row, axis=1), np.linalg.norm(residual, axis=1)))]
+        scale = np.linalg.norm(patch_row) + 1e-12
+        if np.linalg.norm(best - patch_row) / scale < 1e-2:
+            added += 1
+        elif np.linalg.norm(best) / scale < 1e-2:
+            replaced += 1
+    if added == len(feats):
+        observed = False
+    elif replaced == len(feats):
+        observed = True
+    else:
+        observed = None
+    return Finding(name, observed, conv.image_embeds_include_patch_embedding,
+                   f"{added} image rows = wte(<im_patch>) + feature, {replaced} = feature alone, "
+                   f"of {len(feats)}")
+
+
+def format_findings(findings: list[Finding]) -> str:
+    lines = [f"{'convention':<38} {'goldens show':<14} {'conventions.json':<17} verdict  evidence"]
+    for f in findings:
+        lines.append(f"{f.name:<38} {f.observed!s:<14} {f.configured!s:<17} {f.verdict:<8} "
+                     f"{f.evidence}")
+    return "\n".join(lines)
+
+
+#: Choices no golden file shows: they keep their default and are reported as still to verify.
+UNREADABLE = ("euler_baked_steps", "flip_images_180")
+
+
+def conventions_from_goldens(bundle: Bundle, base: Conventions | None = None
+                             ) -> tuple[Conventions, list[Finding]]:
+    """``base`` (defaults) with every choice the goldens show replaced by what they show.
+
+    ``euler_baked_steps`` defaults to the variant's flow steps (the tiny bundles bake that).
+    """
+    if base is None:
+        base = Conventions(euler_baked_steps=bundle.variant.default_flow_steps)
+    findings = check_conventions(bundle, base)
+    known = {f.name for f in fields(Conventions)}
+    seen = {f.name: f.observed for f in findings if f.observed is not None and f.name in known}
+    return replace(base, **seen), findings
+
+
+def unverified(findings: list[Finding]) -> list[str]:
+    """Names of the choices the goldens did not decide (defaults still to be verified)."""
+    return [f.name for f in findings if f.verdict == UNKNOWN] + list(UNREADABLE)
+
+
+def diff_lines(old: Conventions, new: Conventions) -> list[str]:
+    """``-``/``+`` lines for every choice that differs (what ``conventions --write`` changes)."""
+    a, b = asdict(old), asdict(new)
+    out = []
+    for key in sorted(a):
+        if a[key] != b[key]:
+            out += [f"-  {key}: {json.dumps(a[key])}", f"+  {key}: {json.dumps(b[key])}"]
+    return out
+
+
+def cmd_conventions(args: argparse.Namespace) -> int:
+    ok, written, names = True, [], []
+    for name, path in resolve_bundles(Path(args.bundle), args.variant):
+        bundle = Bundle.open(path, name)
+        names.append(name)
+        target = bundle.host_path("conventions.json")
+        current = bundle.conventions() if target.is_file() or not args.write else None
+        findings = check_conventions(bundle, current) if current else []
+        if findings:
+            print(f"== {name} {path}")
+            print(format_findings(findings))
+        if args.write and (current is None or any(f.verdict == MISMATCH for f in findings)):
+            fixed, findings = conventions_from_goldens(bundle, current)
+            print(f"-- {target}" if current else f"-- {target} (new)")
+            print("\n".join(diff_lines(current or Conventions(), fixed)) or "   (no change)")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(fixed.to_json() + "\n")
+            written.append(target)
+            findings = check_conventions(bundle)
+        ok &= all(f.verdict != MISMATCH for f in findings)
+    verdict = "every convention the goldens show matches" if ok else "MISMATCH (see above)"
+    fix = "" if ok or args.write else "; repair with: molmoact2 conventions --write " + args.bundle
+    print(f"conventions: {', '.join(names)}: {verdict}"
+          + (f"; wrote {len(written)} conventions.json" if written else "") + fix)
+    return 0 if ok else 1
+
+
+def register(subparsers) -> None:
+    """Add ``molmoact2 conventions`` to the CLI."""
+    from .args import add_bundle_args
+
+    p = subparsers.add_parser(
+        "conventions", help="read the host-glue conventions off the goldens; compare or repair",
+        description="Read each host-glue choice off the bundle's golden files and compare it "
+        "with host/conventions.json.\nExit 1 on any MISMATCH; --write repairs the file from "
+        "the goldens and shows the diff.")
+    add_bundle_args(p)
+    p.add_argument("--write", action="store_true",
+                   help="rewrite host/conventions.json with what the goldens show (prints the "
+                   "diff; choices the goldens do not show keep their value)")
+    p.set_defaults(func=cmd_conventions)

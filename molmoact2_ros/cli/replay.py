@@ -1,0 +1,316 @@
+"""``molmoact2 replay`` and ``molmoact2 trace-to-bag``: golden chunk bags across machines."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..bundle.bundle import bundle_parameters
+from ..bundle.variants import VARIANTS
+from ..errors import BagError, MolmoActError
+from ..util.progress import counter
+from .args import float_in, int_at_least
+
+SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """``--set NAME=VALUE`` pairs typed by the parameter's default; unknown names and values
+    of the wrong type are refused with the nearest parameter name or the expected type."""
+    from ..control.params import PARAMS_BY_NAME
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise MolmoActError(f"--set {item!r}: write NAME=VALUE, e.g. --set sync.slop_s=0.02")
+        spec = PARAMS_BY_NAME.get(key)
+        if spec is None:
+            near = difflib.get_close_matches(key, list(PARAMS_BY_NAME), n=1)
+            hint = f"; did you mean {near[0]}?" if near else "; see config/policy.yaml"
+            raise MolmoActError(f"--set {key}: no such parameter{hint}")
+        out[key] = _typed(key, spec.default, text.strip())
+    return out
+
+
+def _typed(key: str, default: Any, text: str) -> Any:
+    try:
+        if isinstance(default, bool):
+            low = text.lower()
+            if low not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                raise ValueError(text)
+            return low in ("1", "true", "yes", "on")
+        if isinstance(default, list):
+            kind = type(default[0]) if default else str
+            return [kind(x) for x in text.split(",") if x]
+        return type(default)(text)
+    except ValueError:
+        kind = "true/false" if isinstance(default, bool) else (
+            f"comma-separated {type(default[0]).__name__}s" if isinstance(default, list)
+            else type(default).__name__)
+        raise MolmoActError(f"--set {key}={text!r}: expected {kind} (default {default!r})"
+                            ) from None
+
+
+def load_golden(path: Path):
+    """A chunk bag (``GoldenChunks``) or a trace npz (dict of arrays)."""
+    from ..bundle.golden import load_npz
+    from ..replay.chunkbag import read_chunk_bag
+
+    path = Path(path)
+    if path.is_file() and path.suffix == ".npz":
+        return load_npz(path, ["chunk", "noise", "instruction", "seed", "flow_steps"],
+                        what="replay --golden")
+    return read_chunk_bag(path)
+
+
+def run_changes(args: argparse.Namespace, golden_settings: dict) -> tuple[dict, list[str]]:
+    """Parameter changes of this run: arguments first, then the golden's settings, then
+    replay's defaults; returns them with the settings that differ from the golden's."""
+    from ..replay.chunkbag import settings_differences
+
+    given = {"variant": args.variant, "instruction": args.instruction, "seed": args.seed,
+             "flow_steps": args.flow_steps}
+    changes: dict[str, Any] = {"backend": args.backend, "max_observation_age_s": args.max_age}
+    for key in ("variant", "instruction", "seed", "flow_steps", "context_suffix.vision",
+                "context_suffix.llm", "context_suffix.action",
+                "context_suffix.action_context", "execution.start",
+                "execution.blend"):
+        value = given.get(key)
+        if value is None and key in golden_settings:
+            value = golden_settings[key]
+        if value is not None:
+            changes[key] = value
+    changes.setdefault("variant", "grid_sampler")
+    changes.setdefault("seed", 0)  # replay is reproducible by default (the node's -1 is random)
+    changes.update(bundle_parameters(args.bundle_root))
+    changes.update(parse_set(args.set or []))
+    if not str(changes.get("instruction") or "").strip():
+        raise MolmoActError("no instruction: pass --instruction 'put the bowl on the plate' "
+                            "(or --golden with a recorded run)")
+    run = {**changes}
+    if "flow_steps" in golden_settings and not run.get("flow_steps"):
+        from ..bundle.variants import get_variant
+
+        run["flow_steps"] = get_variant(run["variant"]).default_flow_steps
+    return changes, settings_differences(golden_settings, run)
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse existing outputs (unless --force) before anything runs."""
+    from ..replay.bagio import check_output
+
+    if args.record:
+        path = check_output(Path(args.record), args.force, "--record bag")
+        if args.golden and path.resolve() == Path(args.golden).resolve():
+            raise BagError("--record and --golden name the same bag; record to a new path")
+    if args.report:
+        report = Path(args.report)
+        if report.exists() and not report.is_dir():
+            raise MolmoActError(f"--report {report} is a file; give a folder")
+        if (report / "summary.json").exists() and not args.force:
+            raise MolmoActError(f"--report {report} holds a report already; choose a new folder "
+                                "or pass --force")
+
+
+class _Signals:
+    """SIGINT/SIGTERM set a flag the replay loop polls, so the output bag gets closed."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        for sig in SIGNAL_EXIT:
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.received = signum
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from ..control.controller import load_policy
+    from ..control.params import Settings, validate_changes
+    from ..replay.bagio import prepare_output
+    from ..replay.chunk_match import Tolerance, default_tolerance, format_summary, match_chunks
+    from ..replay.chunkbag import ChunkBagWriter, run_info
+    from ..replay.replay import replay
+
+    golden = load_golden(Path(args.golden)) if args.golden else None
+    trace = golden if isinstance(golden, dict) else None
+    if trace is not None:
+        golden_settings = {"instruction": str(trace["instruction"]),
+                           "seed": int(trace["seed"]), "flow_steps": int(trace["flow_steps"])}
+    else:
+        golden_settings = dict(golden.settings) if golden is not None else {}
+    changes, differences = run_changes(args, golden_settings)
+    ok, reason = validate_changes(changes, Settings())
+    if not ok:
+        raise MolmoActError(reason)
+    settings = Settings().with_changes(changes)
+    check_outputs(args)
+    base = default_tolerance(args.backend)
+    tol = Tolerance(*(base.__dict__[k] if getattr(args, k) is None else getattr(args, k)
+                      for k in ("min_cosine", "atol", "rtol", "min_within")))
+    if differences:
+        print("settings differ from the golden's: " + "; ".join(differences))
+
+    factory = load_policy
+    if trace is not None:
+        def factory(s):  # a trace fixes its noise: every chunk uses it
+            policy = load_policy(s)
+            policy.fixed_noise = np.asarray(trace["noise"], np.float32)
+            return policy
+
+    state: dict[str, Any] = {"writer": None, "bar": None}
+
+    def on_active(controller, bag_topics) -> None:
+        state["bar"] = counter(bag_topics.total, "replay", unit="msg",
+                               enabled=not args.no_progress)
+        if args.record:
+            prepare_output(Path(args.record), force=True, what="--record bag")
+            steps = getattr(controller.policy, "flow_steps", settings.flow_steps())
+            state["writer"] = ChunkBagWriter(
+                Path(args.record), run_info(settings, flow_steps=steps,
+                                            source_bag=Path(args.bag).name),
+                mcap=args.storage == "mcap", version=args.bag_version)
+
+    def on_published(out, log_ns: int) -> None:
+        if state["writer"] is not None:
+            state["writer"].write(out, log_ns)
+
+    with _Signals() as signals:
+        try:
+            result = replay(
+                Path(args.bag), settings, policy_factory=factory, on_published=on_published,
+                on_active=on_active, namespace=args.namespace,
+                on_message=lambda: state["bar"] and state["bar"].update(1),
+                should_stop=lambda: signals.received is not None)
+        finally:
+            if state["bar"] is not None:
+                state["bar"].close()
+            if state["writer"] is not None:
+                state["writer"].close()
+    steps = result.published[0].chunk.flow_steps if result.published else settings.flow_steps()
+    print(f"replayed {args.bag}: {result.messages} messages, {result.synced} synchronised "
+          f"observations, {len(result.published)} chunks ({settings['variant']}, "
+          f"{settings['backend']}, {steps} flow steps, seed {settings['seed']})")
+    for key, count in sorted(result.drops.items()):
+        print(f"dropped {count} x {key}: {result.reasons.get(key, key)}")
+    summary = None
+    if golden is not None:
+        produced = {p.chunk.observation_stamp_ns: p.actions for p in result.published}
+        if trace is not None:
+            chunks = {stamp: np.asarray(trace["chunk"], np.float32) for stamp in produced}
+            names = list(settings["action_names"])
+        else:
+            chunks, names = golden.chunks, golden.action_names or list(settings["action_names"])
+        summary = match_chunks(produced, chunks, tol, min_produced=args.min_produced)
+        print(format_summary(summary, names))
+    if args.report:
+        from ..replay.report import write_report
+
+        files = write_report(Path(args.report), result, settings, summary,
+                             golden=None if golden is None or trace is not None else golden,
+                             differences=differences)
+        print(f"report: {', '.join(str(f) for f in files)}")
+    if state["writer"] is not None:
+        print(f"chunk bag: {args.record} ({state['writer'].count} chunks)")
+    if result.interrupted:
+        print(f"interrupted by signal {signals.received}; the output bag was closed",
+              file=sys.stderr)
+        return SIGNAL_EXIT.get(signals.received, 1)
+    if summary is not None:
+        return 0 if summary.ok else 1
+    return 0
+
+
+def cmd_trace_to_bag(args: argparse.Namespace) -> int:
+    from ..bundle.golden import load_npz
+    from ..control.params import Settings
+    from ..replay.bagio import check_output, prepare_output
+    from ..replay.replay import write_observation_bag
+
+    trace = load_npz(Path(args.trace), ["image_primary", "image_wrist", "state"],
+                     what="trace-to-bag")
+    out = check_output(Path(args.out), args.force)
+    prepare_output(out, args.force)
+    primary, wrist = trace["image_primary"], trace["image_wrist"]
+    if args.swap_cameras:
+        primary, wrist = wrist, primary
+    frames = [(10**9 + i * int(args.period_s * 1e9), primary, wrist, trace["state"])
+              for i in range(args.frames)]
+    write_observation_bag(out, frames, Settings(), mcap=args.mcap, compressed=args.compressed,
+                          version=args.bag_version, namespace=args.namespace)
+    print(f"wrote {args.frames} observations to {out}")
+    return 0
+
+
+def register(sub) -> None:
+    """Add the replay and trace-to-bag commands to the ``molmoact2`` parser."""
+    p = sub.add_parser("replay", help="replay a rosbag2 through the node logic (no ROS); "
+                       "record golden chunks or check against them")
+    p.add_argument("bag", help="rosbag2 folder (or .mcap) with the camera and joint topics")
+    p.add_argument("--bundle-root", required=True,
+                   help="a root with one folder per variant, or one variant's folder")
+    p.add_argument("--variant", choices=list(VARIANTS), help="default: the golden's, else "
+                   "grid_sampler")
+    p.add_argument("--backend", default="onnx", choices=["onnx", "htp"],
+                   help="onnx: ONNX Runtime here; htp: resident workers (--appbuilder fake "
+                   "for the test fake)")
+    p.add_argument("--instruction", help="default: the golden's")
+    p.add_argument("--seed", type=int, help="noise seed (default: the golden's, else 0)")
+    p.add_argument("--flow-steps", type=int, help="default: the golden's, else the variant's")
+    p.add_argument("--max-age", type=float_in(0.0, 1e6, low_open=True), default=0.5,
+                   help="max_observation_age_s: older observations are skipped (bag clock)")
+    p.add_argument("--namespace", default="", help="node namespace the bag's topics are under")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE",
+                   help="any other node parameter (config/policy.yaml), repeatable")
+    p.add_argument("--record", "--out", dest="record", metavar="GOLDEN",
+                   help="write every chunk (+ settings) to this new bag")
+    p.add_argument("--storage", default="mcap", choices=["mcap", "sqlite3"],
+                   help="storage plugin of the bags written")
+    p.add_argument("--bag-version", type=int, default=8, choices=[8, 9],
+                   help="8: read by Humble and Jazzy (default); 9: Jazzy only")
+    p.add_argument("--golden", help="chunk bag from --record (or a trace npz) to match "
+                   "every chunk against, by observation stamp")
+    p.add_argument("--min-cosine", type=float_in(-1.0, 1.0),
+                   help="per chunk (default 0.9999, htp 0.999)")
+    p.add_argument("--atol", type=float_in(0.0, 1e9), help="default 1e-3 (htp 2e-2)")
+    p.add_argument("--rtol", type=float_in(0.0, 1e9), help="default 1e-2 (htp 5e-2)")
+    p.add_argument("--min-within", type=float_in(0.0, 1.0),
+                   help="fraction within tolerance per chunk (default 1.0, htp 0.95)")
+    p.add_argument("--min-produced", type=float_in(0.0, 1.0), default=1.0,
+                   help="fraction of golden chunks the run must produce")
+    p.add_argument("--report", metavar="DIR", help="write summary.json and PNG plots here")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("trace-to-bag", help="turn a golden trace into a replayable bag")
+    p.add_argument("trace", help="golden/e2e_trace*.npz of a bundle")
+    p.add_argument("out", help="new rosbag2 folder to write")
+    p.add_argument("--frames", type=int_at_least(1), default=3, help="observations to write")
+    p.add_argument("--period-s", type=float_in(0.0, 3600.0, low_open=True), default=0.5,
+                   help="seconds between observations")
+    p.add_argument("--mcap", action="store_true", help="write mcap instead of sqlite3")
+    p.add_argument("--compressed", default="", choices=["", "jpeg", "png"],
+                   help="CompressedImage on <topic>/compressed instead of raw rgb8")
+    p.add_argument("--bag-version", type=int, default=8, choices=[8, 9],
+                   help="8: read by Humble and Jazzy; 9: Jazzy only")
+    p.add_argument("--namespace", default="", help="node namespace of the topics written")
+    p.add_argument("--swap-cameras", action="store_true", help="primary and wrist swapped")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output bag")
+    p.set_defaults(func=cmd_trace_to_bag)

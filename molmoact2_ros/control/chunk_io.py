@@ -1,0 +1,121 @@
+"""What the controller exchanges: the policy seam, published chunks, bundle checks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import MolmoActError
+from ..policy import ActionChunk, Observation
+from .params import Settings
+from .safety import SafetyReport
+
+
+class PolicyLike(Protocol):
+    """What the controller needs from a policy (``molmoact2_ros.policy.Policy``)."""
+
+    flow_steps: int
+
+    def predict(self, obs: Observation) -> ActionChunk:
+        """Also called as ``predict(obs, guidance=InpaintGuidance)`` with blend=inpaint."""
+    def plan(self, instruction: str) -> Any: ...
+    def set_instruction(self, instruction: str) -> None: ...
+    def set_flow_steps(self, steps: int) -> None: ...
+    def reseed(self, seed: int | None) -> None: ...
+    def recover(self) -> None: ...
+    def close(self) -> None: ...
+
+
+PolicyFactory = Callable[[Settings], PolicyLike]
+
+
+def load_policy(settings: Settings) -> PolicyLike:
+    """Default factory: the bundle of the selected variant on the selected backend."""
+    from ..bundle.bundle import Suffixes
+    from ..policy import Policy
+
+    seed = settings["seed"]
+    return Policy.load(
+        settings.bundle_path(),
+        settings["variant"],
+        backend=settings["backend"],
+        suffixes=Suffixes.from_mapping(settings.suffixes()),
+        pipeline_options=settings.runtime_options() if settings["backend"] == "htp" else {},
+        flow_steps=settings.flow_steps(),
+        seed=None if seed < 0 else seed,
+        instruction=settings["instruction"] or None,
+    )
+
+
+@dataclass
+class Published:
+    """A chunk that passed safety, ready for the node to publish."""
+
+    chunk: ActionChunk
+    actions: np.ndarray
+    sequence: int
+    safety: SafetyReport
+    settings: Settings
+    received_ns: int
+    ready_ns: int
+    #: row i is due at start_ns + (i+1)·period; rows before first_future_index were due already
+    start_ns: int = 0
+    trajectory_stamp_ns: int = 0
+    first_future_index: int = 0
+
+
+def chunk_message_fields(out: Published) -> dict[str, Any]:
+    """The ActionChunk.msg fields of a published chunk as plain values (times in ns).
+
+    One mapping for the node (rclpy messages) and replay (rosbags messages).
+    """
+    s, chunk = out.settings, out.chunk
+    return {
+        "stamp_ns": chunk.observation_stamp_ns,
+        "sequence": out.sequence,
+        "variant": chunk.variant,
+        "context_suffix_vision": s["context_suffix.vision"],
+        "context_suffix_llm": s["context_suffix.llm"],
+        "context_suffix_action": s["context_suffix.action"],
+        "context_suffix_action_context": s["context_suffix.action_context"],
+        "flow_steps": chunk.flow_steps,
+        "instruction": chunk.instruction,
+        "action_names": list(s["action_names"]),
+        "horizon": int(out.actions.shape[0]),
+        "action_dim": int(out.actions.shape[1]),
+        "actions": out.actions.reshape(-1).astype(np.float32),
+        "period_ns": int(round(s["control_period_s"] * 1e9)),
+        "inference_latency_ns": int(out.ready_ns - out.received_ns),
+        "start_stamp_ns": int(out.start_ns),
+        "first_future_index": int(out.first_future_index),
+    }
+
+
+def trajectory_message_fields(out: Published) -> dict[str, Any]:
+    """JointTrajectory of a published chunk as plain values: header stamp (0 = start on
+    receipt), joint names, and per point its positions and ``time_from_start`` (ns)."""
+    period_ns = int(round(out.settings["control_period_s"] * 1e9))
+    return {
+        "stamp_ns": int(out.trajectory_stamp_ns),
+        "joint_names": list(out.settings["action_names"]),
+        "points": [
+            (row.astype(float).tolist(), (i + 1) * period_ns) for i, row in enumerate(out.actions)
+        ],
+    }
+
+
+def check_bundle(settings: Settings) -> tuple[bool, str]:
+    """The bundle and context files a reload would need exist (cheap file checks only)."""
+    from ..bundle.bundle import Bundle, Suffixes
+
+    try:
+        bundle = Bundle.open(settings.bundle_path(), settings["variant"])
+        bundle.check(settings["backend"], Suffixes.from_mapping(settings.suffixes()))
+    except MolmoActError as exc:
+        return False, str(exc)
+    except OSError as exc:
+        return False, f"bundle.{settings['variant']}: cannot read the bundle ({exc})"
+    return True, ""

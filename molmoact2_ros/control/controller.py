@@ -1,0 +1,490 @@
+"""Everything the node does that needs no ROS: lifecycle effects, parameter handling, the
+newest-only observation slot with staleness, triggers, one-at-a-time inference, the
+background session swap with rollback, output safety and the numbers diagnostics report.
+
+``node.py`` (rclpy) and ``replay.py`` (rosbag files) both drive this class.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import MolmoActError
+from ..policy import Observation
+from .chunk_io import (  # noqa: F401  (re-exported: node.py and replay.py import them here)
+    PolicyFactory,
+    PolicyLike,
+    Published,
+    check_bundle,
+    chunk_message_fields,
+    load_policy,
+    trajectory_message_fields,
+)
+from .execution import Executing, blend, chunk_timing, inpaint_guidance
+from .params import Settings, validate_changes
+from .safety import UnsafeChunk, apply_safety
+from .stamps import StampGate, describe_jump
+from .swap import ACTIVE, FINALIZED, INACTIVE, UNCONFIGURED, SettingsControl
+from .sync import ApproxTimeSync, NewestSlot
+
+__all__ = ["ACTIVE", "FINALIZED", "INACTIVE", "UNCONFIGURED", "Controller", "Published",
+           "chunk_message_fields", "trajectory_message_fields"]
+log = logging.getLogger("molmoact2_ros.control.controller")
+
+
+class Controller(SettingsControl):
+    """ROS-free core of the policy node."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        publish: Callable[[Published], None],
+        policy_factory: PolicyFactory = load_policy,
+        clock_ns: Callable[[], int] = time.time_ns,
+        on_swap_done: Callable[[bool, str, Settings], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.state = UNCONFIGURED
+        self.policy: PolicyLike | None = None
+        self._publish = publish
+        self._factory = policy_factory
+        self._clock = clock_ns
+        self._on_swap_done = on_swap_done
+        self._slot = NewestSlot()
+        self._wake = threading.Event()
+        self._policy_lock = threading.Lock()  # held while a chunk runs or sessions swap
+        self._lock = threading.RLock()  # settings, pending changes and swap start: one place
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._swap: threading.Thread | None = None
+        self._swapping = False
+        self.pending_configure: dict = {}
+        self._pending_live: dict = {}
+        self.counts: Counter[str] = Counter()
+        self.drops: Counter[str] = Counter()
+        self.last_latency_ms: dict[str, float] = {}
+        self.latency_estimate_s = 0.0
+        self.last_observation_age_s = float("nan")
+        self.health = ("ok", "")
+        self.last_clock_event = ""
+        self._stamps = StampGate()
+        self._sync: ApproxTimeSync | None = None
+        self._sync_drops_before = 0
+        self._sequence = 0
+        self._last_action: np.ndarray | None = None
+        self._chunk_started_ns: int | None = None
+        self._chunk_rows = 0
+        self._last_tick_ns = 0
+        self._executing: Executing | None = None  # the last published chunk (blending)
+        self.last_switch: dict[str, Any] = {}
+        self._in_past = False  # the last chunk was entirely due when ready (not published)
+        self._last_logged: dict[str, float] = {}
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def configure(self) -> None:
+        """Validate settings, load the runtime and warm it up. Raises MolmoActError."""
+        with self._lock:
+            ok, reason = validate_changes(dict(self.settings.values), self.settings)
+            if not ok:
+                raise MolmoActError(reason)
+            self.settings = self.settings.with_changes(self.pending_configure)
+            self.pending_configure = {}
+            settings = self.settings
+        with self._policy_lock:
+            self.policy = self._factory(settings)
+            try:
+                self._warm_up()
+            except Exception:
+                self.policy.close()
+                self.policy = None
+                raise
+        self.health = ("ok", "")
+        self.state = INACTIVE
+
+    def _warm_up(self) -> None:
+        """One chunk on a blank observation: the first run on the NPU is slow, and a runtime
+        that cannot run a chunk should fail configure, not the first real observation."""
+        from ..bundle.variants import get_variant
+
+        v = get_variant(self.settings["variant"])
+        blank = np.zeros((256, 256, 3), np.uint8)
+        obs = Observation(images=(blank,) * v.num_cameras,
+                          state=np.zeros(v.state_dim, np.float32),
+                          instruction=self.settings["instruction"] or "pick up the object")
+        chunk = self.policy.predict(obs)
+        self.last_latency_ms = {f"warmup.{k}": t for k, t in chunk.latency_ms.items()}
+
+    def activate(self, *, worker: bool = True) -> None:
+        """Start accepting observations; ``worker=False`` leaves inference to the caller
+        (``process_pending``), which is how replay runs one chunk per observation in order."""
+        self._require(INACTIVE, "activate")
+        if self.policy is None:
+            raise MolmoActError(
+                "cannot activate: no runtime is loaded (the last swap and its rollback failed); "
+                "set 'variant' to load one, or cleanup and configure again")
+        seed = self.settings["seed"]
+        self.policy.reseed(None if seed < 0 else seed)
+        self._last_action = None
+        self._chunk_started_ns = None
+        self._executing = None
+        self._stamps.reset()
+        if worker:
+            self._running = True
+            self._start_thread()
+        self.state = ACTIVE
+
+    def deactivate(self) -> None:
+        self._require(ACTIVE, "deactivate")
+        self._stop_thread()
+        self._slot.clear()
+        self.state = INACTIVE
+
+    def cleanup(self) -> None:
+        self._require(INACTIVE, "cleanup")
+        self._release()
+        self.state = UNCONFIGURED
+
+    def shutdown(self) -> None:
+        """Stop everything from any state; safe to call twice (also on SIGINT/SIGTERM)."""
+        self._stop_thread()
+        if self._swap is not None:
+            self._swap.join()
+        self._release()
+        self.state = FINALIZED
+
+    def shutdown_runtime(self) -> None:
+        """Release the runtime after a failed transition or an error; back to unconfigured."""
+        self._stop_thread()
+        self._release()
+        self.state = UNCONFIGURED
+
+    def _require(self, state: str, transition: str) -> None:
+        if self.state != state:
+            raise MolmoActError(f"cannot {transition} from state {self.state}")
+
+    def _start_thread(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="molmoact2-inference",
+                                        daemon=True)
+        self._thread.start()
+
+    def _stop_thread(self) -> None:
+        self._running = False
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _release(self) -> None:
+        with self._policy_lock:
+            if self.policy is not None:
+                self.policy.close()
+                self.policy = None
+
+    # -- time ------------------------------------------------------------------------------------
+    def attach_sync(self, sync: ApproxTimeSync | None) -> None:
+        """The synchroniser feeding this controller: reset on clock jumps, counted in
+        diagnostics (``drop.sync_out_of_order``)."""
+        if self._sync is not None:
+            self._sync_drops_before += self._sync.dropped_out_of_order
+        self._sync = sync
+
+    def on_time_jump(self, delta_ns: int) -> None:
+        """The clock jumped by ``delta_ns`` (node: rclpy's jump callback; else seen in tick).
+
+        Backwards (sim-time reset, bag loop): forget queued messages, the held observation, the
+        last stamp and the trigger times, so output resumes on the new time line. Forwards:
+        counted only; staleness and the triggers already handle it.
+        """
+        self.last_clock_event = describe_jump(delta_ns)
+        if delta_ns >= 0:
+            self.counts["clock_jumps_forward"] += 1
+            log.warning("%s", self.last_clock_event)
+            return
+        self.counts["clock_resets"] += 1
+        self._stamps.reset()  # the next clock reading is the new baseline (no clock call here:
+        # rclpy runs this callback while it sets the time)
+        if self._sync is not None:
+            self._sync.reset()
+        self._slot.clear()
+        self._last_tick_ns = 0
+        self._chunk_started_ns = None
+        self._last_action = None
+        log.warning("%s (sim-time reset or bag loop): synchroniser, observation slot and "
+                    "triggers reset", self.last_clock_event)
+
+    def _watch_clock(self) -> int:
+        now = self._clock()
+        delta = self._stamps.clock_jump(now)
+        if delta:
+            self.on_time_jump(delta)
+        return now
+
+    # -- inputs ----------------------------------------------------------------------------------
+    def on_observation(
+        self, images: Sequence[np.ndarray], state: np.ndarray, stamp_ns: int
+    ) -> None:
+        """A synchronised observation arrived (already decoded)."""
+        self.counts["synced"] += 1
+        if self.state != ACTIVE:
+            self.drops["inactive"] += 1
+            return
+        now = self._watch_clock()
+        tolerance_s = self.settings["max_future_stamp_s"]
+        reason = self._stamps.admit(int(stamp_ns), now, tolerance_s)
+        if reason is not None:
+            self.drops[reason] += 1
+            ahead_s = (stamp_ns - now) / 1e9
+            self._log_throttled(logging.WARNING, reason, (
+                f"observation stamped {ahead_s:+.3f} s from now skipped: "
+                + ("further ahead than max_future_stamp_s="
+                   f"{tolerance_s}; check the sensor clocks" if reason == "future_stamp" else
+                   "older than the last one; check the sensor clocks")
+                + f"; {self.drops[reason]} so far"))
+            return
+        replaced = self._slot.replaced
+        self._slot.put(Observation(images=tuple(images), state=state, stamp_ns=stamp_ns),
+                       stamp_ns)
+        if self._slot.replaced != replaced:
+            self.drops["superseded"] += 1
+        if self.settings["trigger"] == "on_observation":
+            self._wake.set()
+
+    def on_invalid(self, reason: str) -> None:
+        """An input could not be turned into an observation; count it under its reason."""
+        self.drops[reason] += 1
+
+    def tick(self) -> None:
+        """Timer hook (node timer or replay clock) for the rate and chunk_consumed triggers;
+        it also restarts the inference thread if it ended and watches the clock."""
+        now = self._watch_clock()
+        self._ensure_thread()
+        trigger = self.settings["trigger"]
+        if trigger == "rate":
+            if now - self._last_tick_ns >= 1e9 / self.settings["rate_hz"]:
+                self._last_tick_ns = now
+                self._wake.set()
+        elif trigger == "chunk_consumed":
+            if self._chunk_started_ns is None:
+                self._wake.set()
+                return
+            horizon_s = self._chunk_rows * self.settings["control_period_s"]
+            remaining = horizon_s - (now - self._chunk_started_ns) / 1e9
+            if remaining <= self.latency_estimate_s + self.settings["execution.overlap_s"]:
+                self._wake.set()
+
+    # -- inference -------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        """The inference thread: any error is caught, counted and reported; it never ends
+        silently (if it ends anyway, diagnostics say ERROR and ``tick`` restarts it)."""
+        try:
+            while self._running:
+                self._wake.wait(0.1)
+                self._wake.clear()
+                if not self._running:
+                    break
+                try:
+                    self.process_pending()
+                except Exception as exc:
+                    self.counts["inference_errors"] += 1
+                    self.health = ("error", f"inference failed: {type(exc).__name__}: {exc}")
+                    self._log_throttled(logging.ERROR, "inference_error",
+                                        f"inference failed, next observation continues: "
+                                        f"{type(exc).__name__}: {exc}")
+        finally:
+            if self._running:
+                self.health = ("error", "inference thread ended unexpectedly; restarting it")
+                log.error("inference thread ended unexpectedly; it is restarted on the next tick")
+
+    def _ensure_thread(self) -> None:
+        """Restart the inference thread if it ended while the controller is active."""
+        thread = self._thread
+        if self._running and thread is not None and not thread.is_alive():
+            self.counts["inference_thread_restarts"] += 1
+            self._start_thread()
+
+    def thread_alive(self) -> bool:
+        """False when the inference thread should run but does not."""
+        return not self._running or (self._thread is not None and self._thread.is_alive())
+
+    def process_pending(self) -> Published | None:
+        """Run one chunk on the newest observation, if any; publish it if it is safe."""
+        item = self._slot.take()
+        if item is None:
+            return None
+        obs, stamp_ns = item
+        received = self._clock()
+        age_s = (received - stamp_ns) / 1e9
+        self.last_observation_age_s = age_s
+        if age_s > self.settings["max_observation_age_s"]:
+            self.drops["stale"] += 1
+            self._log_throttled(logging.WARNING, "stale", (
+                f"observation is {age_s:.3f} s old (max_observation_age_s="
+                f"{self.settings['max_observation_age_s']}): skipped; "
+                f"{self.drops['stale']} so far"))
+            return None
+        with self._policy_lock:
+            if self.policy is None:
+                self.drops["no_runtime"] += 1
+                return None
+            if self._pending_live:
+                self._apply_pending_live()
+            settings = self.settings
+            try:
+                guidance = self._guidance(settings, stamp_ns, received)
+                if guidance is None:
+                    chunk = self.policy.predict(obs)
+                else:
+                    chunk = self.policy.predict(obs, guidance=guidance)
+            except MolmoActError as exc:
+                self.drops[type(exc).__name__] += 1
+                self._report_error(exc)
+                return None
+            except Exception as exc:  # a bug or a library error: counted, reported, survived
+                self.drops["inference_error"] += 1
+                self.health = ("error", f"inference failed: {type(exc).__name__}: {exc}")
+                self._log_throttled(logging.ERROR, "inference_error",
+                                    f"inference failed: {type(exc).__name__}: {exc}")
+                return None
+            finally:
+                if self.health[0] == "error" and self.health[1].startswith("runtime failed"):
+                    self._recover()
+        ready = self._clock()
+        total_s = (ready - received) / 1e9
+        previous_s = self.latency_estimate_s
+        self.latency_estimate_s = total_s if previous_s == 0 else 0.8 * previous_s + 0.2 * total_s
+        period_ns = int(round(settings["control_period_s"] * 1e9))
+        timing = chunk_timing(settings["execution.start"], chunk.observation_stamp_ns, ready,
+                              period_ns, chunk.actions.shape[0])
+        self._in_past = timing.first_future_index >= chunk.actions.shape[0]
+        if self._in_past:
+            self.drops["chunk_in_past"] += 1
+            self._log_throttled(logging.WARNING, "chunk_in_past", (
+                f"chunk ready {(ready - timing.start_ns) / 1e9:.3f} s after its observation: "
+                "every action is already due, not published; lower the latency or set "
+                "execution.start=receipt"))
+            return None
+        blended = blend(settings["execution.blend"], chunk.actions, self._executing,
+                        timing.start_ns, timing.first_future_index,
+                        ramp=settings["execution.crossfade_ramp"],
+                        decay=settings["execution.ensemble_decay"])
+        lower, upper, delta = settings.limits()
+        try:
+            actions, report = apply_safety(
+                blended.actions, lower=lower, upper=upper, max_step_delta=delta,
+                previous=self._last_action,
+            )
+        except UnsafeChunk as exc:
+            self.drops["non_finite"] += 1
+            self.health = ("error", str(exc))
+            return None
+        if report.clamped:
+            self.counts["clamped_chunks"] += 1
+        self._sequence += 1
+        published = Published(chunk, actions, self._sequence, report, settings, received, ready,
+                              timing.start_ns, timing.trajectory_stamp_ns,
+                              timing.first_future_index)
+        self.last_latency_ms = dict(chunk.latency_ms)
+        self._last_action = actions[-1].copy()
+        self._chunk_started_ns = timing.start_ns
+        self._chunk_rows = actions.shape[0]
+        self._executing = Executing(actions.copy(), timing.start_ns, period_ns, blended.counts)
+        self.last_switch = {
+            "first_future_index": timing.first_future_index,
+            "overlap_rows": blended.overlap_rows,
+            "boundary_jump": blended.boundary_jump,
+        }
+        self.counts["published"] += 1
+        if self.health[0] != "ok" and "swap" not in self.health[1]:
+            self.health = ("ok", "")
+        self._publish(published)
+        return published
+
+    def _guidance(self, settings: Settings, stamp_ns: int, received_ns: int):
+        """Inpaint guidance for the next chunk from the executing one (blend=inpaint)."""
+        if settings["execution.blend"] != "inpaint" or self._executing is None:
+            return None
+        ready_estimate = received_ns + int(self.latency_estimate_s * 1e9)
+        start = stamp_ns if settings["execution.start"] == "observation" else ready_estimate
+        horizon = self._executing.actions.shape[0]  # the same variant: swaps reset _executing
+        return inpaint_guidance(self._executing, start, ready_estimate, horizon)
+
+    def _recover(self) -> None:
+        """Restart the runtime after a worker failure; the next observation runs on it."""
+        try:
+            self.policy.recover()
+        except Exception as exc:
+            self.health = ("error", f"{self.health[1]}; restart failed: {exc}")
+            log.error("runtime restart failed: %s", str(exc))
+            return
+        self.counts["runtime_restarts"] += 1
+        self.health = ("warn", f"recovered: {self.health[1]}")
+        log.warning("runtime restarted after a failure")
+
+    def _log_throttled(self, level: int, key: str, message: str, period_s: float = 5.0) -> None:
+        """Log a per-observation problem at most once per ``period_s`` per kind."""
+        now = time.monotonic()
+        if now - self._last_logged.get(key, -period_s) >= period_s:
+            self._last_logged[key] = now
+            log.log(level, message)
+
+    def _report_error(self, exc: Exception) -> None:
+        from ..errors import RuntimeBackendError
+
+        if isinstance(exc, RuntimeBackendError):
+            self.health = ("error", f"runtime failed: {exc}")
+        self._log_throttled(logging.ERROR, type(exc).__name__, f"inference skipped: {exc}")
+
+    # -- diagnostics -----------------------------------------------------------------------------
+    def diagnostics(self) -> dict[str, Any]:
+        """Plain data for /diagnostics: status level, message and key values."""
+        s = self.settings
+        values: dict[str, Any] = {
+            "lifecycle_state": self.state,
+            "variant": s["variant"],
+            "backend": s["backend"],
+            **{f"context_suffix.{g}": v or '""' for g, v in s.suffixes().items()},
+            "flow_steps": getattr(self.policy, "flow_steps", s.flow_steps()),
+            "trigger": s["trigger"],
+            "runtime_loaded": self.policy is not None,
+            "observation_age_s": round(self.last_observation_age_s, 4),
+            "latency_estimate_s": round(self.latency_estimate_s, 4),
+            "execution.start": s["execution.start"],
+            "execution.blend": s["execution.blend"],
+            **{f"last_switch.{k}": round(v, 6) if isinstance(v, float) else v
+               for k, v in self.last_switch.items()},
+        }
+        if self.last_clock_event:
+            values["last_clock_event"] = self.last_clock_event
+        drops = Counter(self.drops)
+        sync_drops = self._sync_drops_before + (
+            self._sync.dropped_out_of_order if self._sync is not None else 0)
+        if sync_drops:
+            drops["sync_out_of_order"] = sync_drops
+        values.update({f"count.{k}": v for k, v in sorted(self.counts.items())})
+        values.update({f"drop.{k}": v for k, v in sorted(drops.items())})
+        values.update({f"latency_ms.{k}": round(v, 3) for k, v in self.last_latency_ms.items()})
+        load_stats = getattr(getattr(self.policy, "pipeline", None), "load_stats", None)
+        for worker, st in (load_stats() if callable(load_stats) else {}).items():
+            values[f"load_s.{worker}"] = round(float(st.get("load_s", 0.0)), 3)
+            values[f"peak_rss_mib.{worker}"] = round(float(st.get("peak_rss_mib", 0.0)), 1)
+        level, message = self.health
+        if not self.thread_alive():
+            level = "error"
+            message = "inference thread is not running; restarting it on the next tick"
+        elif level == "ok" and not s["instruction"]:
+            level, message = "warn", "no instruction: set the 'instruction' parameter"
+        elif level == "ok" and self._in_past:
+            level, message = "warn", (
+                f"the last chunk was entirely due when ready (latency > chunk duration; "
+                f"{self.drops['chunk_in_past']} so far): set execution.start=receipt")
+        elif level == "ok" and self.drops.get("stale"):
+            message = f"{self.drops['stale']} stale observations skipped"
+        return {"level": level, "message": message or "running", "values": values}

@@ -1,0 +1,340 @@
+"""Node parameters as one table (name, default, description, range, how a change applies),
+and their validation as pure functions returning ``(ok, reason)``.
+
+The node declares its ROS parameters from ``PARAMS``; ``config/policy.yaml`` documents the
+same table (a test keeps them in step).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..bundle.variants import SUFFIX_GROUPS, VARIANTS
+from .execution import BLENDS, RAMPS, START_MODES
+
+#: How a change applies: ``live`` on the next chunk, ``reload`` by a background session swap,
+#: ``configure`` only on the next configure transition (topics, QoS, sync).
+LIVE, RELOAD, CONFIGURE = "live", "reload", "configure"
+BACKENDS = ("onnx", "htp")
+TRIGGERS = ("on_observation", "rate", "chunk_consumed")
+STATE_SOURCES = ("joint_state", "tf")
+LOAD_ORDERS = ("parallel", "sequential")
+MAX_FLOW_STEPS = 100
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One ROS parameter."""
+
+    name: str
+    default: Any
+    description: str
+    apply: str = LIVE
+    int_range: tuple[int, int] | None = None
+    float_range: tuple[float, float] | None = None
+
+
+def _p(name, default, description, apply=LIVE, **kw) -> ParamSpec:
+    return ParamSpec(name, default, description, apply, **kw)
+
+
+PARAMS: tuple[ParamSpec, ...] = (
+    _p("variant", "grid_sampler", f"model variant: {', '.join(VARIANTS)}", RELOAD),
+    *(
+        _p(f"bundle.{v}", "", f"folder of the {v} bundle (ctx/, onnx/, golden/, host/)", RELOAD)
+        for v in VARIANTS
+    ),
+    _p("backend", "htp", "runtime: htp (qai_appbuilder on the NPU) or onnx (ONNX Runtime)", RELOAD),
+    _p("context_suffix.vision", "", "context suffix of vision: '' (fp16) or e.g. '_w4a16'", RELOAD),
+    _p("context_suffix.llm", "", "context suffix of llm_split0..3", RELOAD),
+    _p("context_suffix.action", "",
+       "context suffix of action_step only (action_context stays fp16)", RELOAD),
+    _p("context_suffix.action_context", "",
+       "context suffix of action_context: '' (fp16, as the reference runtime loads it) or an "
+       "explicitly named quantised context, e.g. '_w4a16'", RELOAD),
+    _p("runtime.call_timeout_s", 30.0,
+       "htp: deadline of one worker call; a worker that misses it is killed and restarted",
+       CONFIGURE, float_range=(0.1, 3600.0)),
+    _p("runtime.release_on_exit", False,
+       "htp: on stop also release every context (off: release the perf vote, then exit)",
+       CONFIGURE),
+    _p("runtime.load_order", "parallel",
+       "htp: load the contexts in parallel, or sequential (largest first)", CONFIGURE),
+    _p("autostart", False,
+       "configure and activate on its own when the process starts (launch respawn sets it, so a "
+       "restarted process comes back active)", CONFIGURE),
+    _p("flow_steps", 0, "flow-matching steps; 0 = the variant default (10, or 2 for lp_vtp_sd)",
+       int_range=(0, MAX_FLOW_STEPS)),
+    _p("instruction", "", "task instruction, e.g. 'put the bowl on the plate'"),
+    _p("seed", -1,
+       "noise seed: each observation's noise is drawn from (seed, its stamp in ns); -1 = random",
+       int_range=(-1, 2**31 - 1)),
+    _p("trigger", "on_observation",
+       "when to infer: on_observation | rate | chunk_consumed"),
+    _p("rate_hz", 2.0, "inference rate for trigger=rate", float_range=(0.01, 100.0)),
+    _p("control_period_s", 0.05, "time between actions of a chunk (LIBERO: 20 Hz)",
+       float_range=(0.001, 10.0)),
+    _p("max_observation_age_s", 0.5, "observations older than this are skipped",
+       float_range=(0.0, 3600.0)),
+    _p("execution.start", "observation",
+       "chunk timing: observation (row i due at observation stamp + (i+1) period) | receipt"),
+    _p("execution.blend", "none",
+       "continuity across replans: none | crossfade | ensemble | inpaint (in the flow loop)"),
+    _p("execution.overlap_s", 0.0,
+       "trigger=chunk_consumed: infer early enough that this much of the current chunk is "
+       "still ahead when the next arrives (the window blending works in)",
+       float_range=(0.0, 10.0)),
+    _p("execution.crossfade_ramp", "linear", "crossfade ramp over the overlap: linear | cosine"),
+    _p("execution.ensemble_decay", 0.01,
+       "ensemble weights exp(-decay k), k = 0 for the oldest prediction (ACT)",
+       float_range=(0.0, 10.0)),
+    _p("max_future_stamp_s", 0.5,
+       "observations stamped further ahead of the node's clock than this are skipped",
+       float_range=(0.0, 3600.0)),
+    _p("max_image_side_px", 4096,
+       "images wider or taller than this are refused from their header, before decoding",
+       int_range=(16, 65535)),
+    _p("sync.slop_s", 0.05, "max stamp spread of a synchronised observation",
+       CONFIGURE, float_range=(0.0, 10.0)),
+    _p("sync.queue_size", 10, "messages kept per input for synchronisation", CONFIGURE,
+       int_range=(1, 1000)),
+    _p("topics.image_primary", "camera/agentview/image", "primary (agentview) camera topic",
+       CONFIGURE),
+    _p("topics.image_wrist", "camera/wrist/image", "wrist camera topic", CONFIGURE),
+    _p("topics.joint_states", "joint_states", "sensor_msgs/JointState topic", CONFIGURE),
+    _p("compressed_images", False, "subscribe to sensor_msgs/CompressedImage instead", CONFIGURE),
+    _p("flip_images", False, "rotate images 180 degrees (raw LIBERO/robosuite renders)"),
+    _p("state.source", "joint_state", "robot state from joint_state names or tf (pose + gripper)",
+       CONFIGURE),
+    _p("state.joint_names", ["eef_x", "eef_y", "eef_z", "eef_rx", "eef_ry", "eef_rz",
+                             "finger_left", "finger_right"],
+       "JointState names giving the 8-D LIBERO state in order (state.source=joint_state)"),
+    _p("state.base_frame", "base_link", "tf: frame the end-effector pose is expressed in",
+       CONFIGURE),
+    _p("state.ee_frame", "ee_link", "tf: end-effector frame", CONFIGURE),
+    _p("state.gripper_joint_names", ["finger_left", "finger_right"],
+       "tf: JointState names of the two gripper fingers"),
+    _p("action_names", ["x", "y", "z", "roll", "pitch", "yaw", "gripper"],
+       "names of the 7 action dimensions (ActionChunk.action_names, JointTrajectory joints)"),
+    _p("action_min", [0.0], "per-dimension lower limits; [0.0] (one value) = no limit"),
+    _p("action_max", [0.0], "per-dimension upper limits; [0.0] (one value) = no limit"),
+    _p("max_step_delta", [0.0],
+       "max change between consecutive actions per dimension; [0.0] = no limit"),
+)
+PARAMS_BY_NAME = {p.name: p for p in PARAMS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The validated values of every parameter (attribute names use ``_`` for ``.``)."""
+
+    values: dict = field(default_factory=lambda: {p.name: p.default for p in PARAMS})
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def with_changes(self, changes: dict) -> Settings:
+        return replace(self, values={**self.values, **changes})
+
+    def bundle_path(self, variant: str | None = None) -> str:
+        return self.values[f"bundle.{variant or self.values['variant']}"]
+
+    def runtime_options(self) -> dict[str, Any]:
+        """``runtime.*`` as options of the resident HTP pipeline."""
+        return {
+            "call_timeout_s": float(self.values["runtime.call_timeout_s"]),
+            "release_on_exit": bool(self.values["runtime.release_on_exit"]),
+            "load_order": self.values["runtime.load_order"],
+        }
+
+    def suffixes(self) -> dict[str, str]:
+        return {g: self.values[f"context_suffix.{g}"] for g in SUFFIX_GROUPS}
+
+    def flow_steps(self) -> int | None:
+        return self.values["flow_steps"] or None
+
+    def limits(self) -> tuple[list[float] | None, list[float] | None, list[float] | None]:
+        def opt(name):
+            v = list(self.values[name])
+            return None if v == [0.0] or not v else v
+
+        return opt("action_min"), opt("action_max"), opt("max_step_delta")
+
+
+def validate_value(name: str, value: Any, settings: Settings) -> tuple[bool, str]:
+    """Cheap, synchronous validation of one parameter value; the reason names the fix."""
+    spec = PARAMS_BY_NAME.get(name)
+    if spec is None:
+        return True, ""  # not ours (use_sim_time, diagnostic_updater.*): never reject
+    ok, reason = check_type(spec, value)
+    if not ok:
+        return ok, reason
+    if spec.int_range and not (spec.int_range[0] <= value <= spec.int_range[1]):
+        return False, f"{name}={value} is out of range [{spec.int_range[0]}, {spec.int_range[1]}]"
+    if spec.float_range:
+        lo, hi = spec.float_range
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and lo <= value <= hi):
+            return False, f"{name}={value} is out of range [{lo}, {hi}]"
+    check = _CHECKS.get(name) or (_check_suffix if name.startswith("context_suffix.") else None)
+    if name.startswith("bundle."):
+        check = _check_bundle_path
+    return check(name, value, settings) if check else (True, "")
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def check_type(spec: ParamSpec, value: Any) -> tuple[bool, str]:
+    """The value has the parameter's type (bool is not an int; a string is not a list)."""
+    want = spec.default
+    if isinstance(want, bool):
+        ok, kind = isinstance(value, bool), "a boolean (true/false)"
+    elif isinstance(want, int):
+        ok, kind = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif isinstance(want, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        kind = "a number"
+    elif isinstance(want, str):
+        ok, kind = isinstance(value, str), "a string"
+    elif want and isinstance(want[0], str):
+        ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+        kind = "a list of strings, e.g. ['a', 'b']"
+    else:
+        ok = isinstance(value, (list, tuple)) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        kind = "a list of numbers, e.g. [0.0]"
+    if ok:
+        return True, ""
+    return False, f"{spec.name}={value!r} is a {_type_name(value)}; it must be {kind}"
+
+
+def _check_variant(name, value, settings):
+    if value not in VARIANTS:
+        return False, f"unknown variant {value!r}; choose one of {', '.join(VARIANTS)}"
+    if not settings.bundle_path(value):
+        return False, f"bundle.{value} is empty: set it to the {value} bundle folder first"
+    return True, ""
+
+
+def _check_backend(name, value, settings):
+    if value not in BACKENDS:
+        return False, f"unknown backend {value!r}; choose one of {', '.join(BACKENDS)}"
+    return True, ""
+
+
+def _check_bundle_path(name, value, settings):
+    if not value:
+        return True, ""
+    try:
+        if "\x00" in value:
+            raise ValueError("it contains a NUL character")
+        exists = Path(value).expanduser().is_dir()
+    except (OSError, ValueError) as exc:  # name too long, NUL byte, ...
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        shown = repr(value[:80]) + ("..." if len(value) > 80 else "")
+        return False, f"{name}: {shown} is not a usable folder path ({why})"
+    if not exists:
+        return False, f"{name}: folder {value!r} does not exist"
+    return True, ""
+
+
+def _check_suffix(name, value, settings):
+    if value and (not value.startswith("_") or "/" in value or ".." in value):
+        return False, f"{name}={value!r} must be '' or start with '_' (e.g. '_w4a16')"
+    return True, ""
+
+
+def _check_choice(choices):
+    def check(name, value, settings):
+        if value not in choices:
+            return False, f"{name}={value!r}; choose one of {', '.join(choices)}"
+        return True, ""
+
+    return check
+
+
+def _check_action_names(name, value, settings):
+    if len(value) != 7 or len(set(value)) != 7 or not all(value):
+        return False, f"{name} needs 7 distinct non-empty names, got {list(value)}"
+    return True, ""
+
+
+def _check_limit_list(name, value, settings):
+    vals = list(value)
+    if vals == [0.0]:
+        return True, ""
+    if len(vals) != 7 or not all(math.isfinite(v) for v in vals):
+        return False, f"{name} needs 7 finite values (or [0.0] for no limit), got {vals}"
+    if name == "max_step_delta" and any(v <= 0 for v in vals):
+        return False, f"{name} values must be > 0"
+    return True, ""
+
+
+def _check_state_names(name, value, settings):
+    want = 8 if name == "state.joint_names" else 2
+    if len(value) != want or not all(value) or len(set(value)) != want:
+        return False, f"{name} needs {want} distinct non-empty names, got {list(value)}"
+    return True, ""
+
+
+def _check_instruction(name, value, settings):
+    if "\x00" in value:
+        return False, f"{name} contains a NUL character; use plain text"
+    return True, ""
+
+
+_CHECKS = {
+    "variant": _check_variant,
+    "backend": _check_backend,
+    "trigger": _check_choice(TRIGGERS),
+    "execution.start": _check_choice(START_MODES),
+    "execution.blend": _check_choice(BLENDS),
+    "execution.crossfade_ramp": _check_choice(RAMPS),
+    "state.source": _check_choice(STATE_SOURCES),
+    "runtime.load_order": _check_choice(LOAD_ORDERS),
+    "action_names": _check_action_names,
+    "action_min": _check_limit_list,
+    "action_max": _check_limit_list,
+    "max_step_delta": _check_limit_list,
+    "state.joint_names": _check_state_names,
+    "state.gripper_joint_names": _check_state_names,
+    "instruction": _check_instruction,
+}
+
+
+def validate_changes(changes: dict, settings: Settings) -> tuple[bool, str]:
+    """Validate a batch of changes against the settings they would produce."""
+    proposed = settings.with_changes(changes)
+    for name, value in changes.items():
+        ok, reason = validate_value(name, value, proposed)
+        if not ok:
+            return False, reason
+    lo, hi, _ = proposed.limits()
+    if lo and hi and any(a > b for a, b in zip(lo, hi)):
+        return False, "action_min must be <= action_max in every dimension"
+    return True, ""
+
+
+def apply_kind(changes: dict) -> str:
+    """The heaviest way a batch of changes applies: configure > reload > live."""
+    kinds = {PARAMS_BY_NAME[n].apply for n in changes if n in PARAMS_BY_NAME}
+    for kind in (CONFIGURE, RELOAD, LIVE):
+        if kind in kinds:
+            return kind
+    return LIVE
+
+
+__all__ = [
+    "PARAMS",
+    "PARAMS_BY_NAME",
+    "ParamSpec",
+    "Settings",
+    "apply_kind",
+    "check_type",
+    "validate_changes",
+    "validate_value",
+]

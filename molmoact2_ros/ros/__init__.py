@@ -1,0 +1,1 @@
+"""The ROS 2 layer: the only subpackage that imports rclpy, one node per module."""

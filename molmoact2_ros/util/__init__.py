@@ -1,0 +1,1 @@
+"""Support every layer may use: optional-dependency messages and progress output."""

@@ -1,0 +1,33 @@
+"""Optional dependencies: import one, or fail with one line naming the extra that installs it."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from ..errors import MissingDependencyError
+
+#: import name -> (distribution, extra of setup.py that installs it)
+EXTRAS = {
+    "onnx": ("onnx", "synth"),
+    "onnxruntime": ("onnxruntime", "onnx"),
+    "rosbags": ("rosbags", "replay"),
+    "safetensors": ("safetensors", "export"),
+}
+
+
+def install_hint(module: str) -> str:
+    """The pip command that installs ``module``'s extra (source checkout and installed package)."""
+    _, extra = EXTRAS[module]
+    return f"pip install -e '.[{extra}]' (or pip install 'molmoact2_ros[{extra}]')"
+
+
+def require(module: str, purpose: str) -> ModuleType:
+    """Import ``module`` or raise ``MissingDependencyError`` saying what needs it and the fix."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        dist, _ = EXTRAS[module]
+        raise MissingDependencyError(
+            f"{purpose} needs the Python package {dist!r}, which is not installed: "
+            f"{install_hint(module)}") from None
