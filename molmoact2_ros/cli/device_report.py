@@ -98,7 +98,7 @@ def run_replay_check(root: Path, bag: Path, golden_path: Path, probe: dict) -> d
     from ..bundle.bundle import bundle_parameters
     from ..control.params import Settings, validate_changes
     from ..replay.chunk_match import default_tolerance, match_chunks
-    from ..replay.chunkbag import COMPARED_SETTINGS, read_chunk_bag
+    from ..replay.chunkbag import COMPARED_SETTINGS, action_scale, read_chunk_bag
     from ..replay.replay import replay
 
     golden = read_chunk_bag(golden_path)
@@ -109,7 +109,8 @@ def run_replay_check(root: Path, bag: Path, golden_path: Path, probe: dict) -> d
         raise BundleError(f"golden {golden_path}: {reason}")
     result = replay(bag, Settings().with_changes(changes))
     produced = {p.chunk.observation_stamp_ns: p.actions for p in result.published}
-    summary = match_chunks(produced, golden.chunks, default_tolerance("htp"))
+    summary = match_chunks(produced, golden.chunks, default_tolerance("htp"),
+                           scale=action_scale(golden.settings, changes.get("variant"), root))
     return {"status": PASS if summary.ok else FAIL, "bag": str(bag), "golden": str(golden_path),
             "variant": changes.get("variant"), "drops": dict(result.drops),
             "summary": summary.to_json()}
@@ -136,7 +137,8 @@ def _stats(values: list[float]) -> dict:
 
 def _rows(rows) -> list[dict]:
     return [{"stage": r.stage, "tensor": r.tensor, "shape": list(r.shape), "cosine": r.cosine,
-             "max_abs": r.max_abs, "within_tol": r.within_tol, "passed": r.passed}
+             "max_abs": r.max_abs, "within_tol": r.within_tol, "passed": r.passed,
+             "failed": r.failed, "limits": r.limits.to_json() if r.limits else None}
             for r in rows]
 
 
@@ -151,6 +153,7 @@ def run_section(name: str, folder: Path, suffix: str, probe: dict, chunks: int,
         why = f"qai_appbuilder is not importable here ({probe['error']})"
         section.update({k: {"status": NOT_RUN, "why": why} for k in steps})
         return section
+    from ..bundle.comparison import load_tolerances
     from ..bundle.golden import TRACE_FILES, component_parity
     from ..policy import Policy, e2e_parity
 
@@ -164,6 +167,7 @@ def run_section(name: str, folder: Path, suffix: str, probe: dict, chunks: int,
                         for k in steps[1:]})
         return section
     with policy:
+        table = load_tolerances(folder / "golden")
         pipeline = policy.pipeline
         stats = pipeline.load_stats()
         sessions = sum(len(s["sessions"].split("+")) for s in stats.values())
@@ -171,7 +175,8 @@ def run_section(name: str, folder: Path, suffix: str, probe: dict, chunks: int,
         golden = [c for c in COMPONENTS if (folder / "golden" / f"{c}_io.npz").is_file()]
         if golden:
             rows = component_parity(folder / "golden", pipeline.run_component,
-                                    pipeline.contracts, components=golden)
+                                    pipeline.contracts, components=golden, table=table,
+                                    precision=policy.precision)
             section["component_parity"] = {
                 "status": PASS if all(r.passed for r in rows) else FAIL, "rows": _rows(rows)}
         else:
@@ -179,7 +184,8 @@ def run_section(name: str, folder: Path, suffix: str, probe: dict, chunks: int,
                                            "why": "no golden/<component>_io.npz in the bundle"}
         traces = [t for t in TRACE_FILES if (folder / "golden" / t).is_file()]
         if traces:
-            rows = [r for t in traces for r in e2e_parity(policy, folder / "golden" / t)]
+            rows = [r for t in traces for r in e2e_parity(policy, folder / "golden" / t,
+                                                             table=table)]
             section["e2e_parity"] = {
                 "status": PASS if all(r.passed for r in rows) else FAIL, "rows": _rows(rows)}
         else:
@@ -288,7 +294,8 @@ def to_markdown(report: dict) -> str:
             lines.append(f"- {title}: **{part['status']}**, {sum(r['passed'] for r in rows)}/"
                          f"{len(rows)} rows, min cosine {worst['cosine']:.6f} "
                          f"({worst['stage']} {worst['tensor']})")
-            lines += [f"  - FAIL {r['stage']} {r['tensor']} cosine {r['cosine']:.6f}"
+            lines += [f"  - FAIL {r['stage']} {r['tensor']}: {r.get('failed') or 'failed'} "
+                      f"(cosine {r['cosine']:.6f}, within {r['within_tol']:.1%})"
                       for r in rows if not r["passed"]]
         lat = s["latency"]
         if "ms" not in lat:
