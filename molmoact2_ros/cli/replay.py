@@ -144,8 +144,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from ..control.controller import load_policy
     from ..control.params import Settings, validate_changes
     from ..replay.bagio import prepare_output
-    from ..replay.chunk_match import Tolerance, default_tolerance, format_summary, match_chunks
-    from ..replay.chunkbag import ChunkBagWriter, run_info
+    from ..replay.chunk_match import format_summary, match_chunks
+    from ..replay.chunkbag import (
+        ChunkBagWriter,
+        action_scale,
+        noise_stream_problem,
+        run_info,
+        scale_of,
+    )
     from ..replay.replay import replay
 
     golden = load_golden(Path(args.golden)) if args.golden else None
@@ -161,11 +167,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise MolmoActError(reason)
     settings = Settings().with_changes(changes)
     check_outputs(args)
-    base = default_tolerance(args.backend)
-    tol = Tolerance(*(base.__dict__[k] if getattr(args, k) is None else getattr(args, k)
-                      for k in ("min_cosine", "atol", "rtol", "min_within")))
+    tol = tolerance_from_args(args, args.backend)
     if differences:
         print("settings differ from the golden's: " + "; ".join(differences))
+    noise = noise_stream_problem(golden_settings) if trace is None else ""
+    if noise:
+        print(noise)
 
     factory = load_policy
     if trace is not None:
@@ -182,9 +189,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if args.record:
             prepare_output(Path(args.record), force=True, what="--record bag")
             steps = getattr(controller.policy, "flow_steps", settings.flow_steps())
+            norm = getattr(getattr(controller.policy, "norm_stats", None), "action", None)
             state["writer"] = ChunkBagWriter(
                 Path(args.record), run_info(settings, flow_steps=steps,
-                                            source_bag=Path(args.bag).name),
+                                            source_bag=Path(args.bag).name,
+                                            scale=scale_of(norm) if norm is not None else None),
                 mcap=args.storage == "mcap", version=args.bag_version)
 
     def on_published(out, log_ns: int) -> None:
@@ -217,14 +226,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
             names = list(settings["action_names"])
         else:
             chunks, names = golden.chunks, golden.action_names or list(settings["action_names"])
-        summary = match_chunks(produced, chunks, tol, min_produced=args.min_produced)
+        scale = action_scale(golden_settings, settings["variant"], args.bundle_root)
+        summary = match_chunks(produced, chunks, tol, min_produced=args.min_produced,
+                               scale=scale)
         print(format_summary(summary, names))
     if args.report:
-        from ..replay.report import write_report
+        from ..replay.report import report_from_replay
 
-        files = write_report(Path(args.report), result, settings, summary,
-                             golden=None if golden is None or trace is not None else golden,
-                             differences=differences)
+        files = report_from_replay(Path(args.report), result, settings, summary,
+                                   golden=None if golden is None or trace is not None
+                                   else golden, differences=differences,
+                                   noise_problem=noise)
         print(f"report: {', '.join(str(f) for f in files)}")
     if state["writer"] is not None:
         print(f"chunk bag: {args.record} ({state['writer'].count} chunks)")
@@ -235,6 +247,41 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if summary is not None:
         return 0 if summary.ok else 1
     return 0
+
+
+def parse_atol(text: str):
+    """``--atol``: one value, or one per action dimension separated by commas."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number or comma-separated numbers "
+                                         "(one per action dimension)") from None
+    if not values or any(not np.isfinite(v) or v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: tolerances are finite and >= 0")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def tolerance_from_args(args: argparse.Namespace, backend: str):
+    """The calibrated default of ``backend`` with the limits given on the command line."""
+    from ..bundle.comparison import Limits
+    from ..replay.chunk_match import default_tolerance
+
+    base = default_tolerance(backend)
+    return Limits(*(getattr(base, k) if getattr(args, k, None) is None else getattr(args, k)
+                    for k in ("min_cosine", "atol", "rtol", "min_within")))
+
+
+def add_tolerance_args(p) -> None:
+    """The chunk limits ``replay --golden`` and ``compare`` share (normalised action units)."""
+    p.add_argument("--min-cosine", type=float_in(-1.0, 1.0),
+                   help="per chunk (default 0.9999, htp 0.999)")
+    p.add_argument("--atol", type=parse_atol,
+                   help="normalised units, one value or one per action dimension "
+                   "(default 1e-3; htp: twice the measured fp16 spread per dimension, "
+                   "docs/replay.md)")
+    p.add_argument("--rtol", type=float_in(0.0, 1e9), help="times |golden| (default 0)")
+    p.add_argument("--min-within", type=float_in(0.0, 1.0),
+                   help="fraction within atol + rtol*|golden| per chunk (default 1.0, htp 0.95)")
 
 
 def cmd_trace_to_bag(args: argparse.Namespace) -> int:
@@ -286,12 +333,7 @@ def register(sub) -> None:
                    help="8: read by Humble and Jazzy (default); 9: Jazzy only")
     p.add_argument("--golden", help="chunk bag from --record (or a trace npz) to match "
                    "every chunk against, by observation stamp")
-    p.add_argument("--min-cosine", type=float_in(-1.0, 1.0),
-                   help="per chunk (default 0.9999, htp 0.999)")
-    p.add_argument("--atol", type=float_in(0.0, 1e9), help="default 1e-3 (htp 2e-2)")
-    p.add_argument("--rtol", type=float_in(0.0, 1e9), help="default 1e-2 (htp 5e-2)")
-    p.add_argument("--min-within", type=float_in(0.0, 1.0),
-                   help="fraction within tolerance per chunk (default 1.0, htp 0.95)")
+    add_tolerance_args(p)
     p.add_argument("--min-produced", type=float_in(0.0, 1.0), default=1.0,
                    help="fraction of golden chunks the run must produce")
     p.add_argument("--report", metavar="DIR", help="write summary.json and PNG plots here")
