@@ -12,8 +12,8 @@ import numpy as np
 
 from ..control.controller import Published, chunk_message_fields, trajectory_message_fields
 from ..errors import BagError, GoldenError
-from .chunk_match import ActionScale
 from .bagio import ACTION_CHUNK_TYPE, BAG_VERSIONS, open_bag, rosbags_modules, typestore
+from .chunk_match import ActionScale
 
 CHUNK_TOPIC = "/molmoact2_policy/action_chunk"
 TRAJECTORY_TOPIC = "/molmoact2_policy/trajectory"

@@ -13,8 +13,8 @@ from rclpy.executors import (
 )
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 
-from ..errors import MolmoActError
 from ..bundle.comparison import Limits
+from ..errors import MolmoActError
 from ..replay.chunk_match import LiveCheck, default_tolerance, format_summary
 from ..replay.chunkbag import (
     action_scale,
