@@ -96,6 +96,8 @@ def run_changes(args: argparse.Namespace, golden_settings: dict) -> tuple[dict, 
         raise MolmoActError("no instruction: pass --instruction 'put the bowl on the plate' "
                             "(or --golden with a recorded run)")
     run = {**changes}
+    for key in ("flip_images.primary", "flip_images.wrist"):  # the node's default unless set
+        run.setdefault(key, "none")
     if "flow_steps" in golden_settings and not run.get("flow_steps"):
         from ..bundle.variants import get_variant
 

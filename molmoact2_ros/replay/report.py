@@ -242,9 +242,9 @@ def _plot_residuals(plt, folder: Path, data: ReportData) -> Path:
         ax.grid(alpha=0.3)
     failed = sum(not c.passed for c in summary.chunks)
     axes[0].set_title(
-        f"residual {data.run_label} − {data.golden_label} per dimension [{units}], grey: "
-        f"tolerance band ±(atol + {tol.rtol:g}·|golden|); green chunk passed, red failed, "
-        f"x outside the band ({failed} of {len(summary.chunks)} chunks failed)\n{data.title}",
+        f"residual {data.run_label} − {data.golden_label} per dimension [{units}]; grey: "
+        f"tolerance band ±(atol + {tol.rtol:g}·|golden|)\ngreen: chunk passed, red: failed, "
+        f"x: outside the band ({failed} of {len(summary.chunks)} chunks failed)\n{data.title}",
         fontsize=8)
     axes[-1].set_xlabel("time since the first observation [s] (row i at stamp + (i+1)·period)")
     return _save(plt, fig, folder / "residuals.png")
