@@ -316,3 +316,14 @@ def test_compare_two_chunk_bags(tiny_root, tmp_path, capsys):
     assert data["a"]["settings"]["flow_steps"] == 3 and data["b"]["settings"]["flow_steps"] == 2
     for name in ("residuals.png", "error_distribution.png"):
         assert (tmp_path / "differ" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_documented_tolerances_example_loads(tmp_path):
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "bundle_format.md").read_text()
+    example = doc.split("## `golden/tolerances.json`")[1].split("```json")[1].split("```")[0]
+    (tmp_path / "tolerances.json").write_text(example)
+    table = load_tolerances(tmp_path)
+    assert table.limits("vision", "fp32").min_cosine == 0.998
+    assert table.limits("llm_split0", "w4a16", "hidden_states").min_within == 0.9

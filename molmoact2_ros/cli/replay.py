@@ -280,7 +280,7 @@ def add_tolerance_args(p) -> None:
     p.add_argument("--atol", type=parse_atol,
                    help="normalised units, one value or one per action dimension "
                    "(default 1e-3; htp: twice the measured fp16 spread per dimension, "
-                   "docs/replay.md)")
+                   "docs/checks.md)")
     p.add_argument("--rtol", type=float_in(0.0, 1e9), help="times |golden| (default 0)")
     p.add_argument("--min-within", type=float_in(0.0, 1.0),
                    help="fraction within atol + rtol*|golden| per chunk (default 1.0, htp 0.95)")

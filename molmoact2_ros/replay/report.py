@@ -281,7 +281,7 @@ def _plot_errors(plt, folder: Path, data: ReportData) -> Path:
     ax3.set_yscale("log")
     ax3.set_ylim(floor / 2, max(max(errors), 1.0) * 2)
     ax3.set_ylabel("max-abs error" + (" [normalised]" if summary.scale is not None else ""))
-    ax3.set_xlabel("observation time [s]")
+    ax3.set_xlabel("observation time since the first observation [s]")
     for ax in (ax1, ax2, ax3):
         ax.grid(alpha=0.3)
     return _save(plt, fig, folder / "error_per_chunk.png")
