@@ -203,7 +203,8 @@ class Policy:
             x_n = self.pipeline.run_action(x0, self.flow_steps)
         else:
             prefix, weights = self.guidance_arrays(guidance)
-            x_n = self.pipeline.run_action(x0, self.flow_steps, prefix, weights)
+            x_n = self.pipeline.run_action(x0, self.flow_steps, prefix, weights,
+                                           guidance.method, guidance.beta)
         t4 = time.perf_counter()
         v = self.variant
         normalized = np.array(x_n[0, : v.horizon, : v.action_dim], dtype=np.float32)
