@@ -148,6 +148,12 @@ class Policy:
         self.plan(instruction)
         self.instruction = instruction
 
+    @property
+    def action_type(self) -> str:
+        """``delta`` when the bundle's control mode is a delta one (LIBERO: "delta
+        end-effector pose"), else ``absolute`` (execution.action_type=bundle reads this)."""
+        return "delta" if "delta" in self.norm_stats.control_mode.lower() else "absolute"
+
     def set_flow_steps(self, steps: int) -> None:
         self.flow_steps = check_flow_steps(steps)
 

@@ -23,10 +23,10 @@ from .chunk_io import (  # noqa: F401  (re-exported: node.py and replay.py impor
     PolicyLike,
     Published,
     check_bundle,
-    trajectory_targets,
     chunk_message_fields,
     load_policy,
     trajectory_message_fields,
+    trajectory_targets,
 )
 from .execution import (
     Executing,

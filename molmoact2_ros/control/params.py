@@ -102,7 +102,7 @@ PARAMS: tuple[ParamSpec, ...] = (
     _p("execution.ensemble_decay", 0.01,
        "ensemble weights exp(-decay k), k = 0 for the oldest prediction (ACT)",
        float_range=(0.0, 10.0)),
-    _p("execution.inpaint_method", "pull",
+    _p("execution.inpaint_method", "pigdm",
        "inpaint: pull (towards the executing rows, per-step weight 1-(1-w)^(1/N)) | pigdm "
        "(real-time chunking's guided velocity, weight min(beta, (1-t)/(t r^2)))"),
     _p("execution.inpaint_schedule", "exp",

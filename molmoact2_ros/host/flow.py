@@ -14,7 +14,6 @@ import numpy as np
 
 from ..bundle.conventions import Conventions
 
-
 #: How the flow loop follows the prefix: ``pull`` moves x towards the prefix's interpolation
 #: before each step (per-step weight 1 − (1 − w)^(1/N)); ``pigdm`` adds real-time chunking's
 #: guidance term to the velocity with ΠGDM's weight min(β, (1 − τ)/(τ·r²)) (forward passes only).
