@@ -481,7 +481,11 @@ class Controller(SettingsControl):
         """One latency sample on the monotonic clock; dropped when the node's clock jumped
         (or went back) during the inference; the estimate is the window's p95 in [0, cap]."""
         jumped = self.counts["clock_resets"] + self.counts["clock_jumps_forward"] != jumps_before
-        if jumped or clock_ns < 0 or not self._latency.add(monotonic_s):
+        # the node clock disagreeing with the monotonic one by more than a sim-time rate
+        # could explain is a jump seen first here (one inference apart)
+        jumped = jumped or clock_ns < 0 or abs(clock_ns / 1e9 - monotonic_s) > max(
+            1.0, monotonic_s)
+        if jumped or not self._latency.add(monotonic_s):
             self.counts["latency_samples_dropped"] += 1
         else:
             self.latency_estimate_s = self._latency.estimate(cap_s)

@@ -201,11 +201,16 @@ def boundary_jump(actions: np.ndarray, prev: Executing | None, start_ns: int, fi
 
 
 def takeover_reference(prev: Executing | None, start_ns: int, first: int) -> np.ndarray | None:
-    """The executing chunk's command on the tick before the new chunk's first future row:
-    what the step clamp measures that row against (None without an executing chunk)."""
+    """The executing chunk's command when the new chunk's row ``first − 1`` is due (the tick
+    before its first future row), interpolated between its rows as a trajectory controller
+    does: what the step clamp measures that row against (None without an executing chunk)."""
     if prev is None:
         return None
-    return prev.rows_at(np.array([prev.row_offset(start_ns) + first - 1]))[0]
+    at = (int(start_ns) + int(first) * prev.period_ns - prev.start_ns) / prev.period_ns - 1.0
+    lo = math.floor(at)
+    f = np.float32(at - lo)
+    below, above = prev.rows_at(np.array([lo, lo + 1]))
+    return (below + f * (above - below)).astype(np.float32)
 
 
 def blend(
