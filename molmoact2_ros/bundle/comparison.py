@@ -13,7 +13,7 @@ may carry its own for known cases in ``golden/tolerances.json`` (``ToleranceTabl
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -230,17 +230,3 @@ def load_tolerances(golden_dir: Path) -> ToleranceTable:
         rows.append(LimitRow(values["component"], values["precision"], limits,
                              values.get("tensor", ""), values["why"]))
     return ToleranceTable(tuple(rows), str(path))
-
-
-def format_failed(stage: str, tensor: str, m: Measure) -> str:
-    """One line naming what failed and which criterion."""
-    return f"{stage} {tensor}: FAIL: {m.reason}"
-
-
-def pooled(measures: Iterable[Measure]) -> Sequence[str]:
-    """The distinct failed criteria of several comparisons, cosine first."""
-    seen: dict[str, None] = {}
-    for m in measures:
-        for text in m.failed:
-            seen.setdefault(text.split(" ", 1)[0], None)
-    return list(seen)
