@@ -351,7 +351,7 @@ def register(subparsers) -> None:
         "end-to-end parity on the HTP and the\nlatency table; with --bag/--golden also a "
         "replay against a golden chunk bag. One status line per\nstep on stderr (a bar on a "
         "terminal). Exit 1 if anything that ran failed.",
-        epilog=example("molmoact2 device-report /data/molmoact2 --out REPORT.md",
+        epilog=example("molmoact2 device-report /data/molmoact2 --out report.md",
                        "molmoact2 --appbuilder fake device-report .cache/tiny-bundle"))
     p.add_argument("bundle_root", help="folder with one bundle per variant, or one bundle")
     p.add_argument("--out", default="device-report.md", help="Markdown file; JSON next to it")
