@@ -92,17 +92,19 @@ def run_changes(args: argparse.Namespace, golden_settings: dict) -> tuple[dict, 
     changes.setdefault("variant", "grid_sampler")
     changes.setdefault("seed", 0)  # replay is reproducible by default (the node's -1 is random)
     folders = bundle_parameters(args.bundle_root)
+    changes.update(folders)
+    overrides = parse_set(args.set or [])
+    changes.update(overrides)
     variant = changes["variant"]
-    if f"bundle.{variant}" not in folders:
+    if not changes.get(f"bundle.{variant}"):  # name both variants, not "bundle.<v> is empty"
         held = ", ".join(k.removeprefix("bundle.") for k in folders)
-        source = ("--variant" if args.variant else "the golden's settings"
-                  if "variant" in golden_settings else "replay's default")
+        source = ("--set" if "variant" in overrides else "--variant" if args.variant
+                  else "the golden's settings" if "variant" in golden_settings
+                  else "replay's default")
         raise MolmoActError(
             f"--bundle-root {args.bundle_root} holds {held}, but this run's variant is "
             f"{variant} (from {source}); give a root or folder that holds {variant}, or "
             f"--variant {next(iter(folders)).removeprefix('bundle.')}")
-    changes.update(folders)
-    changes.update(parse_set(args.set or []))
     if not str(changes.get("instruction") or "").strip():
         raise MolmoActError("no instruction: pass --instruction 'put the bowl on the plate' "
                             "(or --golden with a recorded run)")
