@@ -259,13 +259,17 @@ def ufp16_offset(low: float, high: float) -> int:
 
 
 def test_worker_loads_quantized_io_in_float_mode(qai, quant_ctx_path):
-    """Fixed-point I/O: loaded again with float I/O, declared float32, values dequantized."""
+    """Fixed-point I/O: loaded once with float I/O, declared float32, values dequantized;
+    the same context loaded native is refused (its scale and offset are not exposed)."""
     from molmoact2_ros.bundle.conventions import Conventions
-    from molmoact2_ros.runtime.loaders import QnnLoader
+    from molmoact2_ros.runtime.loaders import LoadFailed, QnnLoader
     from molmoact2_ros.runtime.protocol import SessionSpec, WorkerSpec
 
     loader = QnnLoader(WorkerSpec("quirks", (), "grid_sampler", Conventions()))
-    session = loader.load(SessionSpec("quirks", str(quant_ctx_path), "q-quant"))
+    with pytest.raises(LoadFailed, match=r"has fixed-point I/O \(x: ufp16, z: ufp16\) but "
+                       "was loaded with native I/O"):
+        loader.load(SessionSpec("quirks", str(quant_ctx_path), "q-native"))
+    session = loader.load(SessionSpec("quirks", str(quant_ctx_path), "q-quant", float_io=True))
     try:
         assert (session.input_mode, session.output_mode) == ("float", "float")
         assert session.fixed_point == ("x", "z")
