@@ -47,7 +47,6 @@ to that file (the runtime tests read the order of events across processes).
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import sys
@@ -196,33 +195,22 @@ class _Tensor:
         return ((codes.astype(np.float64) + self.offset) * self.scale).astype(np.float32)
 
     def to_native_per_element(self, values: np.ndarray) -> np.ndarray:
-        """float32 → the tensor's type one element at a time (the library's Linux loop)."""
-        out = np.empty(values.size, self.np_dtype)
-        if self.fixed_point:
-            info = np.iinfo(self.np_dtype)
-            lo, hi, scale, offset = info.min, info.max, self.scale, self.offset
-            for i, v in enumerate(values.tolist()):
-                x = v / scale - offset
-                out[i] = min(max(round(x), lo), hi) if math.isfinite(x) else lo
-        else:
-            cast = self.np_dtype.type
-            for i, v in enumerate(values.tolist()):
-                out[i] = cast(v)
+        """float32 → the tensor's type, element by element (each value goes through a Python
+        float: no vector path, like the library's scalar loop on Linux)."""
+        scalars = np.array(values.tolist(), np.float64)  # one element at a time
         STATE["float_elements"] = int(STATE["float_elements"]) + values.size  # type: ignore[call-overload]
-        return out
+        if self.fixed_point:
+            with np.errstate(invalid="ignore"):
+                return self.quantize(np.nan_to_num(scalars, nan=-np.inf))
+        return scalars.astype(self.np_dtype)
 
     def to_float_per_element(self, native: np.ndarray) -> np.ndarray:
-        """The tensor's type → float32 one element at a time (``convertToFloat``)."""
-        out = np.empty(native.size, np.float32)
-        if self.fixed_point:
-            scale, offset = self.scale, self.offset
-            for i, q in enumerate(native.tolist()):
-                out[i] = (q + offset) * scale
-        else:
-            for i, v in enumerate(native.tolist()):
-                out[i] = v
+        """The tensor's type → float32, element by element (``convertToFloat``)."""
+        scalars = np.array(native.tolist(), np.float64)  # one element at a time
         STATE["float_elements"] = int(STATE["float_elements"]) + native.size  # type: ignore[call-overload]
-        return out
+        if self.fixed_point:
+            return ((scalars + self.offset) * self.scale).astype(np.float32)
+        return scalars.astype(np.float32)
 
     def fill(self, data: np.ndarray) -> np.ndarray:
         """memcpy of the tensor's byte size into its client buffer; no size check."""
