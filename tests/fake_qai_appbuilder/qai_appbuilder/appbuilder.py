@@ -187,7 +187,9 @@ class _Tensor:
     def quantize(self, values: np.ndarray) -> np.ndarray:
         """``floatToTfN``: codes = round(x / scale - offset), clamped to the type's range."""
         info = np.iinfo(self.np_dtype)
-        codes = np.rint(values.astype(np.float64) / self.scale - self.offset)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            codes = np.rint(values.astype(np.float64) / self.scale - self.offset)
+        codes = np.nan_to_num(codes, nan=info.min)  # a C cast of NaN is undefined; pick one
         return np.clip(codes, info.min, info.max).astype(self.np_dtype)
 
     def dequantize(self, codes: np.ndarray) -> np.ndarray:
@@ -200,8 +202,7 @@ class _Tensor:
         scalars = np.array(values.tolist(), np.float64)  # one element at a time
         STATE["float_elements"] = int(STATE["float_elements"]) + values.size  # type: ignore[call-overload]
         if self.fixed_point:
-            with np.errstate(invalid="ignore"):
-                return self.quantize(np.nan_to_num(scalars, nan=-np.inf))
+            return self.quantize(scalars)
         return scalars.astype(self.np_dtype)
 
     def to_float_per_element(self, native: np.ndarray) -> np.ndarray:
