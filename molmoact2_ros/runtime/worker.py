@@ -57,6 +57,7 @@ from .protocol import (
     reply,
 )
 from .session import NUMPY_DTYPES, TensorInfo, cast_feeds
+from .spawn import apply_library_paths
 
 EXIT_OK = 0
 EXIT_LOAD_FAILED = 3
@@ -130,6 +131,11 @@ def worker_main(spec: WorkerSpec, conn: Connection, lifeline: Connection) -> Non
     _watch_lifeline(lifeline, spec.lifeline_grace_s)
     code = EXIT_OK
     server = None
+    try:
+        apply_library_paths(spec)  # this process's environment only, before QNN is imported
+    except OSError as exc:
+        print(f"molmoact2 worker {spec.worker}: cannot preload from qnn_libs {spec.qnn_libs}: "
+              f"{exc}", file=sys.stderr)
     try:
         # keep ``server`` referenced until os._exit: dropping it would destroy every context
         # through refcounting (ModelDestroy), which release_on_exit=False must avoid

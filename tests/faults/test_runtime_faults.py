@@ -417,3 +417,21 @@ def test_restart_cap_and_reboot_hint_survive_a_new_pipeline(clean, inject, tiny_
     with pytest.raises(WorkerFailed, match=r"a worker crashed in an earlier run .*reboot may "
                        "be needed"):
         _open(tiny_root, state_dir=str(state))
+
+
+def test_library_paths_are_set_in_the_workers_only(clean, tiny_root, tmp_path, monkeypatch):
+    """The orchestrator's environment is never written while workers spawn (another thread
+    may be reading it): the folders reach the workers through their own environment."""
+    root = _with_libs(tiny_root, tmp_path, "2.51.40.260930230134")
+    written = []
+    environ_type = type(os.environ)
+    original = environ_type.__setitem__
+
+    def recording(self, key, value):
+        written.append(key)
+        original(self, key, value)
+
+    monkeypatch.setattr(environ_type, "__setitem__", recording)
+    with ResidentPipeline.open(Bundle.open(root), call_timeout_s=TIMEOUT_S) as pipe:
+        _chunk(pipe)
+    assert not {"LD_LIBRARY_PATH", "ADSP_LIBRARY_PATH"} & set(written), written
