@@ -497,7 +497,7 @@ class ReportFiles:
     """The Markdown file and its JSON twin (``OUT.json``), replaced atomically on each write."""
 
     def __init__(self, out: Path, force: bool) -> None:
-        self.md = out
+        self.markdown = out
         self.json = out.with_name(out.name + ".json")
         if out.suffix.lower() == ".json":
             raise BundleError(f"--out {out} names the Markdown file (the JSON goes next to it as "
@@ -511,14 +511,14 @@ class ReportFiles:
                               "first")
         if not os.access(parent, os.W_OK):
             raise BundleError(f"--out {out}: the folder {parent} is not writable")
-        existing = [str(p) for p in (self.md, self.json) if p.exists()]
+        existing = [str(p) for p in (self.markdown, self.json) if p.exists()]
         if existing and not force:
             raise BundleError(f"{' and '.join(existing)} already exist; give another --out or "
                               "--force to replace them")
 
     def write(self, report: dict) -> None:
         for path, text in ((self.json, json.dumps(report, indent=1, default=str)),
-                           (self.md, to_markdown(report))):
+                           (self.markdown, to_markdown(report))):
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             tmp.write_text(text, encoding="utf-8")
             os.replace(tmp, path)
@@ -809,7 +809,7 @@ def cmd_device_report(args: argparse.Namespace) -> int:
                           choices=args.choices, perf_profile=args.perf_profile,
                           load_order=args.load_order, files=files, progress=say)
     bad = failed(report)
-    print(f"wrote {files.md} and {files.json}: {len(report['sections'])} sections, "
+    print(f"wrote {files.markdown} and {files.json}: {len(report['sections'])} sections, "
           + (f"{len(bad)} failed: {', '.join(bad)}" if bad else "nothing failed"))
     return 1 if bad else 0
 
