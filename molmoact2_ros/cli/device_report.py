@@ -818,10 +818,21 @@ def register(subparsers) -> None:
     """Add ``molmoact2 device-report`` to the CLI."""
     from ..bundle.variants import VARIANTS
     from ..runtime.supervisor import LOAD_ORDERS
-    from .args import float_in, int_at_least
+    from .args import example, float_in, int_at_least
 
-    p = subparsers.add_parser("device-report",
-                              help="one Markdown + JSON report of this machine and the bundles")
+    p = subparsers.add_parser(
+        "device-report", help="one Markdown + JSON report of this machine and the bundles",
+        description="For a first run on the board: platform facts, doctor's machine checks, "
+        "then for every variant and\nsuffix choice under BUNDLE_ROOT (fp16, each group's "
+        "quantised suffix alone, all together) the load,\ncomponent parity, the seed's and the "
+        "traces' end-to-end checks and the latency table, and a\nsuffix A/B table; with "
+        "--bag/--golden also a replay against a golden chunk bag. The report is\nwritten "
+        "before the first section and after each; one status line per section on stderr.\n"
+        "Exit 1 if anything that ran failed.",
+        epilog=example("molmoact2 device-report /data/molmoact2 --out report.md",
+                       "molmoact2 device-report SEED_WS --variant grid_sampler "
+                       "--ignore-bundle-libs",
+                       "molmoact2 --appbuilder fake device-report .cache/tiny-bundle"))
     p.add_argument("bundle_root", help="folder with one bundle per variant, or one bundle "
                    "(a seed workspace without bundle.json needs --variant)")
     p.add_argument("--variant", choices=list(VARIANTS), default=None,
