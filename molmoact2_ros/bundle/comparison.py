@@ -134,9 +134,9 @@ def measure(got, want, limits: Limits, *, exact: bool | None = None) -> Measure:
 #: ONNX Runtime float32 against a float32 golden: every element within 1e-3 + 1e-2·|golden|.
 FP32 = Limits(min_cosine=0.9999, atol=1e-3, rtol=1e-2, min_within=1.0)
 #: fp16 contexts (HTP) against a float32 golden: fp16 carries ~3 decimal digits.
-FP16 = Limits(min_cosine=0.999, atol=5e-3, rtol=2e-2, min_within=0.99)
-#: weight-quantised contexts: looser, and a bundle should state its own measured limits.
-W4A16 = Limits(min_cosine=0.99, atol=2e-2, rtol=5e-2, min_within=0.95)
+FP16 = Limits(min_cosine=0.9999, atol=5e-3, rtol=2e-2, min_within=0.99)
+#: weight-quantised contexts (any suffix): looser, and a bundle should state its own.
+W4A16 = Limits(min_cosine=0.999, atol=2e-2, rtol=5e-2, min_within=0.95)
 PARITY_DEFAULTS: dict[str, Limits] = {"fp32": FP32, "fp16": FP16, "w4a16": W4A16}
 
 
@@ -176,7 +176,7 @@ class ToleranceTable:
         for row in self.rows:
             if (row.component, row.precision, row.tensor) == (component, precision, ""):
                 return row.limits
-        return self.defaults.get(precision, self.defaults["fp16"])
+        return self.defaults.get(precision, self.defaults["w4a16"])  # another quantisation
 
     def override(self, **changes) -> ToleranceTable:
         """Every limit with ``changes`` applied (``--min-cosine`` on the command line)."""
@@ -224,7 +224,7 @@ def load_tolerances(golden_dir: Path) -> ToleranceTable:
             if name in values and not 0.0 < values[name] <= 1.0:
                 raise BundleError(f"{path}: {where}{name} is {values[name]}; it must be in "
                                   "(0, 1]")
-        base = PARITY_DEFAULTS.get(values["precision"], FP16)
+        base = PARITY_DEFAULTS.get(values["precision"], W4A16)
         limits = replace(base, **{k: values[k] for k in ("min_cosine", "atol", "rtol",
                                                          "min_within") if k in values})
         rows.append(LimitRow(values["component"], values["precision"], limits,

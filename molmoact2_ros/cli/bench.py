@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import platform
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -17,10 +18,12 @@ import numpy as np
 from ..bench.closed_loop import ROBOTS, STRATEGIES, format_table, run_closed_loop, write_plot
 from ..bench.closed_loop_scene import TargetTrackingPolicy
 from ..bench.runtime import HOST_REPEATS, bench_variant, format_record
+from ..bundle.bundle import resolve_bundles
 from ..bundle.variants import VARIANTS
 from ..control.execution import START_MODES
+from ..util.optional import require
 from ..util.progress import counter
-from .args import float_in, int_at_least
+from .args import example, float_in, int_at_least
 
 
 def _load() -> list[float]:
@@ -37,6 +40,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench.verdicts import format_verdicts, verdicts
 
     names = args.variants or list(VARIANTS)
+    started = time.perf_counter()
     load_start = _load()
     print(f"molmoact2 bench on {platform.machine()} ({os.cpu_count()} CPUs), "
           f"python {platform.python_version()}, numpy {np.__version__}; "
@@ -60,6 +64,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     load_end = _load()
     print(format_verdicts(results))
     print(f"load average at the end {load_end}")
+    wrote = ""
     if args.json:
         payload = {
             "machine": {"arch": platform.machine(), "cpus": os.cpu_count(),
@@ -70,16 +75,32 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "verdicts": results,
         }
         Path(args.json).write_text(json.dumps(payload, indent=2))
-        print(f"wrote {args.json}")
+        wrote = f"; wrote {args.json}"
+    print(summary_line(results, names, time.perf_counter() - started) + wrote)
     return 0
+
+
+def summary_line(results: list[dict], names: list[str], seconds: float) -> str:
+    """The closing line: how many targets were met, which were missed, what ran, how long."""
+    met = [r for r in results if r["verdict"] == "meets"]
+    missed = [r["target"] for r in results if r["verdict"] == "misses"]
+    skipped = [r for r in results if r["verdict"] == "skipped"]
+    return (f"bench: {len(met)}/{len(results)} targets met, {len(missed)} missed"
+            + (f" ({'; '.join(missed)})" if missed else "")
+            + f", {len(skipped)} skipped; variants {', '.join(names)}; {seconds:.0f} s")
 
 
 def register(subparsers) -> None:
     """Add ``molmoact2 bench`` to the CLI."""
     p = subparsers.add_parser(
         "bench", help="the host's critical path: preprocessing, embedding, controller, replay, "
-        "runtime overhead vs its memory floor and a naive design (null sessions)"
-    )
+        "runtime overhead vs its memory floor and a naive design (null sessions)",
+        description="Time everything the host does per chunk around the NPU, on null sessions "
+        "with the real tensor sizes,\neach comparison in the same loop, and end with one "
+        "verdict per target and a summary line.\n--closed-loop instead simulates a robot "
+        "executing chunks and compares the execution.blend strategies.",
+        epilog=example("molmoact2 bench --variants lp_vtp_sd --chunks 20 --json bench.json",
+                       "molmoact2 bench --closed-loop --bundle-root .cache/tiny-bundle"))
     p.add_argument("--variants", nargs="*", choices=list(VARIANTS),
                    help="variants to bench (default: all)")
     p.add_argument("--chunks", type=int_at_least(1), default=50,
@@ -93,19 +114,25 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-def make_policy(kind: str, args: argparse.Namespace, seed: int, horizon: int):
+def make_policy(kind: str, args: argparse.Namespace, seed: int, horizon: int,
+                folder: Path | None = None):
     if kind == "synthetic":
         return TargetTrackingPolicy(horizon, args.period_ms / 1e3, seed=seed,
                                     action_type=args.action_type)
     from ..policy import Policy
 
-    return Policy.load(Path(args.bundle_root) / args.variant, backend="onnx",
-                       instruction="track the target", seed=seed)
+    return Policy.load(folder, kind, backend="onnx", instruction="track the target", seed=seed)
 
 
 def cmd_closed_loop(args: argparse.Namespace) -> int:
+    # refuse bad input before a run of minutes: the bundle path and the plot's matplotlib
+    bundles = dict(resolve_bundles(Path(args.bundle_root), args.variant)) if args.bundle_root \
+        else {}
+    if args.plot:
+        require("matplotlib", "bench --closed-loop --plot")
+    started = time.perf_counter()
     results, plots = [], {}
-    kinds = ["synthetic"] + (["tiny"] if args.bundle_root else [])
+    kinds = ["synthetic", *bundles]
     robots = [r for r in args.robots if r == "tracking" or args.action_type == "delta"]
     for kind in kinds:
         horizons = args.horizons if kind == "synthetic" else [0]
@@ -116,7 +143,8 @@ def cmd_closed_loop(args: argparse.Namespace) -> int:
                         traces = {}
                         for blend in args.blends:
                             for seed in range(args.seed, args.seed + args.seeds):
-                                policy = make_policy(kind, args, seed, horizon)
+                                policy = make_policy(kind, args, seed, horizon,
+                                                     bundles.get(kind))
                                 try:
                                     result, trace = run_closed_loop(
                                         policy, blend=blend, start=start, latency_ms=latency,
@@ -149,6 +177,10 @@ def cmd_closed_loop(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=2))
         print(f"wrote {args.json}")
+    print(f"bench --closed-loop: {len(results)} runs ({', '.join(kinds)}; strategies "
+          f"{', '.join(args.blends)}; start {', '.join(args.start)}; latencies "
+          f"{', '.join(f'{x:g}' for x in args.latencies_ms)} ms) in "
+          f"{time.perf_counter() - started:.0f} s")
     return 0
 
 
@@ -182,8 +214,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="first scene and policy seed")
     g.add_argument("--seeds", type=int_at_least(1), default=3,
                    help="seeds per strategy (the table gives mean ± sd)")
-    g.add_argument("--bundle-root", help="also run the tiny bundle (folder with one per variant)")
-    g.add_argument("--variant", default="grid_sampler", help="variant of --bundle-root to run")
+    g.add_argument("--bundle-root", help="also run a bundle: a variant's folder, or a root with "
+                   "one folder per variant (resolved as every command resolves BUNDLE)")
+    g.add_argument("--variant", choices=list(VARIANTS),
+                   help="the variant of --bundle-root to run (default: every variant found)")
     g.add_argument("--plot", help="write the actions-around-switches plot (PNG; matplotlib)")
     g.add_argument("--plot-latency-ms", type=float_in(0.0, 60_000.0), default=300.0,
                    help="the latency whose run the plot shows")

@@ -75,6 +75,27 @@ def check_host_kernels() -> Check:
                  f"{fp16.kernel()}")
 
 
+def check_numpy_for_ros(numpy_version: str | None = None, environ=None) -> Check:
+    """ROS 2 Humble's cv_bridge (Ubuntu 22.04 apt) is built against numpy 1.x; installing
+    qai-appbuilder (numpy>=1.22,<=2.4.4) with pip pulls numpy 2 unless it is pinned, and
+    cv_bridge then fails to import ("compiled using NumPy 1.x")."""
+    import os
+
+    import numpy as np
+
+    environ = os.environ if environ is None else environ
+    version = numpy_version or np.__version__
+    distro = environ.get("ROS_DISTRO", "")
+    major = int(version.split(".")[0])
+    if distro == "humble" and major >= 2:
+        return Check("numpy for cv_bridge", FAIL,
+                     f"numpy {version} under ROS 2 Humble, whose cv_bridge is built for numpy 1",
+                     "pip install 'numpy>=1.22,<2' (the pin in docs/runtime.md), then install "
+                     "qai-appbuilder with that numpy in place")
+    where = f"ROS_DISTRO={distro}" if distro else "no ROS_DISTRO set"
+    return Check("numpy for cv_bridge", PASS, f"numpy {version} ({where})")
+
+
 def check_platform() -> Check:
     machine, system = platform.machine(), platform.system()
     if system == "Linux" and machine in ("aarch64", "arm64"):
@@ -285,7 +306,8 @@ def run_checks(bundle_dir: Path, variant: str | None, suffixes: dict[str, str],
     checks = [check_platform()]
     probe = probe_qai_appbuilder()
     checks += [check_qai(probe), check_qnn_runtime(probe), check_cdsprpc(),
-               check_fastrpc_nodes(), check_library_paths(probe), check_host_kernels()]
+               check_fastrpc_nodes(), check_library_paths(probe), check_host_kernels(),
+               check_numpy_for_ros()]
     try:
         from ..bundle.bundle import Bundle, Suffixes, resolve_bundles
 
@@ -320,6 +342,11 @@ def _bundle_checks(bundle, chosen, probe: dict, timeout_s: float, repeats: int) 
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    folder = Path(args.bundle).expanduser()
+    if not folder.exists():  # a typo, not a machine problem: bad input, exit 2
+        raise MolmoActError(f"bundle path {folder} does not exist; give a variant's bundle "
+                            "folder or a root of variant folders (molmoact2 tiny-bundle DIR "
+                            "writes tiny ones)")
     try:
         checks = run_checks(Path(args.bundle), args.variant, dict(args.suffix or []),
                             args.timeout, args.repeats)
@@ -336,9 +363,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     """Add ``molmoact2 doctor`` to the CLI."""
     from ..bundle.variants import VARIANTS
-    from .args import float_in, int_at_least, parse_suffix
+    from .args import example, float_in, int_at_least, parse_suffix
 
-    p = subparsers.add_parser("doctor", help="check this machine and a bundle for the HTP runtime")
+    p = subparsers.add_parser(
+        "doctor", help="check this machine and a bundle for the HTP runtime",
+        description="One PASS/FAIL/SKIP line per check, each FAIL with its fix: platform, "
+        "qai_appbuilder and its QNN runtime,\nlibcdsprpc.so and the FastRPC nodes, library "
+        "paths, host kernels, every context file, then in spawned\nworkers each context's "
+        "load and contract, golden parity and latency. Exit 1 if a check fails,\n2 if the "
+        "bundle path does not exist.",
+        epilog=example("molmoact2 doctor /data/molmoact2/grid_sampler",
+                       "molmoact2 --appbuilder fake doctor .cache/tiny-bundle --variant "
+                       "grid_sampler"))
     p.add_argument("bundle", help="a variant's bundle folder, or a root of variant folders "
                    "(every variant found is checked)")
     p.add_argument("--variant", choices=list(VARIANTS),

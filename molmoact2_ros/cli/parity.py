@@ -18,7 +18,9 @@ def cmd_parity(args: argparse.Namespace) -> int:
     from ..policy import Policy, e2e_parity
 
     total, failed_rows, names = 0, 0, []
-    suffixes = Suffixes.from_mapping(dict(args.suffix or []))
+    from .args import suffixes_from_env
+
+    suffixes = Suffixes.from_mapping(suffixes_from_env(args.suffix))
     for name, path in resolve_bundles(Path(args.bundle), args.variant):
         names.append(name)
         table = load_tolerances(path / "golden").override(min_cosine=args.min_cosine,
@@ -54,22 +56,27 @@ def cmd_parity(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     """Add ``molmoact2 parity`` to the CLI."""
-    from .args import add_backend_arg, add_bundle_args, float_in, parse_suffix
+    from .args import add_backend_arg, add_bundle_args, example, float_in, parse_suffix
 
     p = subparsers.add_parser(
         "parity", help="golden parity per session and end to end",
         description="Feed each session its golden inputs and compare its outputs, then run the "
         "end-to-end traces from the\nraw observation and compare every stage. Exit 0 only if "
-        "every row passes.")
+        "every row passes.",
+        epilog=example("molmoact2 parity .cache/tiny-bundle",
+                       "molmoact2 parity /data/molmoact2/grid_sampler --backend htp --suffix "
+                       "llm=_w4a16"))
     add_bundle_args(p)
     add_backend_arg(p)
     p.add_argument("--min-cosine", type=float_in(0.0, 1.0, low_open=True),
                    help="cosine similarity every row needs, in (0, 1] (default: per component "
-                   "and precision: fp32 0.9999, fp16 0.999, w4a16 0.99, or golden/tolerances.json)")
+                   "and precision: fp32 and fp16 0.9999, w4a16 0.999, or "
+                   "golden/tolerances.json)")
     p.add_argument("--min-within", type=float_in(0.0, 1.0, low_open=True),
                    help="fraction of elements within atol + rtol*|golden| every row needs "
                    "(default: fp32 1.0, fp16 0.99, w4a16 0.95, or golden/tolerances.json)")
     p.add_argument("--suffix", type=parse_suffix, action="append", metavar="GROUP=SUFFIX",
                    help="context suffix per group, repeatable (vision, llm, action: action_step "
-                   "only; e.g. llm=_w4a16); default: fp16 everywhere")
+                   "only; e.g. llm=_w4a16); default: fp16 everywhere, or the reference "
+                   "runtime's VISION_/LLM_/ACTION_CTX_SUFFIX variables when set (with a notice)")
     p.set_defaults(func=cmd_parity)

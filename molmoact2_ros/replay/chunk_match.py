@@ -21,7 +21,7 @@ FP32 = Limits(min_cosine=0.9999, atol=1e-3, rtol=0.0, min_within=1.0)
 #: fp16 I/O (HTP) against a float32 golden, in normalised action units per dimension
 #: (x, y, z, roll, pitch, yaw, gripper): twice the largest difference measured between the
 #: fake-HTP fp16 run and ONNX Runtime on the tiny bundles with the same settings
-#: (docs/checks.md, "Default tolerances"). Flow steps 9 against 10 leave at most 77 % of a
+#: (docs/host_glue.md §13, "Default tolerances"). Flow steps 9 against 10 leave at most 77 % of a
 #: chunk's values within these, swapped cameras at most 37 %: both fail every chunk.
 FP16_SPREAD = (0.00205, 0.00195, 0.00147, 0.00303, 0.00110, 0.00092, 0.00198)
 FP16_MARGIN = 2.0
