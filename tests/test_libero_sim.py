@@ -212,4 +212,7 @@ def test_interrupted_episode_is_not_recorded_and_reruns(sim, tmp_path, scripted_
     finally:
         runner.close()
     assert [r["key"] for r in Ledger(tmp_path).records] == [spec.key]
-    assert rec.steps == 6
+    # the rerun starts at the same sim time: the controller took the jump back as a reset
+    # (an undetected one would drop the first observation as out of order)
+    assert rec.steps == 6 and rec.chunks == 1 and rec.drops == {}
+    assert runner.controller.counts["clock_resets"] >= 1

@@ -18,42 +18,6 @@ from .args import float_in, int_at_least
 from .replay import SIGNAL_EXIT, _Signals, parse_set
 
 
-def parse_tasks(text: str | None, n_tasks: int, suite: str) -> list[int]:
-    """``0,3`` or ``0-4`` (or all when empty), each checked against the suite."""
-    if not text:
-        return list(range(n_tasks))
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        try:
-            if "-" in part:
-                a, b = (int(x) for x in part.split("-", 1))
-                out.extend(range(a, b + 1))
-            elif part:
-                out.append(int(part))
-        except ValueError:
-            raise MolmoActError(f"--tasks {text!r}: write task numbers like 0,3 or 0-4") from None
-    bad = [t for t in out if not 0 <= t < n_tasks]
-    if bad:
-        raise MolmoActError(f"--tasks: {suite} has tasks 0..{n_tasks - 1}; {bad} do not exist")
-    return list(dict.fromkeys(out))
-
-
-def plan(suite: str, tasks: list[int], episodes: int, first_init: int, infos) -> list:
-    """Episodes task by task (the env of a task is built once), init states in order."""
-    from ..sim.runner import EpisodeSpec
-
-    specs = []
-    for t in tasks:
-        n = infos[t].num_inits
-        if first_init + episodes > n:
-            raise MolmoActError(
-                f"{suite} task {t} has init states 0..{n - 1}; --first-init {first_init} with "
-                f"--episodes {episodes} asks for up to init {first_init + episodes - 1}")
-        specs += [EpisodeSpec(suite, t, first_init + e) for e in range(episodes)]
-    return specs
-
-
 def run_settings(args: argparse.Namespace) -> tuple[Any, dict]:
     """The node settings of the run (evaluation defaults, bundle, --set) and the run record."""
     from ..bundle.bundle import bundle_parameters
@@ -78,9 +42,10 @@ def run_settings(args: argparse.Namespace) -> tuple[Any, dict]:
 
 
 def cmd_libero(args: argparse.Namespace) -> int:
+    from ..sim.evaluation import parse_tasks, plan, summary_lines
     from ..sim.ledger import Ledger
     from ..sim.libero_env import LiberoSim, suite_tasks
-    from ..sim.runner import EpisodeRecord, EpisodeRunner
+    from ..sim.runner import EpisodeRunner
     from ..sim.summary import summarize, write
     from ..util.progress import counter
 
@@ -142,30 +107,13 @@ def cmd_libero(args: argparse.Namespace) -> int:
     records = [r for r in ledger.records if r["key"] in {s.key for s in specs}]
     summary = summarize(records, run)
     files = write(out, summary)
-    _print_summary(summary, [EpisodeRecord.from_json(r) for r in records])
+    print("\n".join(summary_lines(summary, records)))
     print(f"results: {', '.join(str(f) for f in [ledger.path, *files])}")
     if received is not None:
         print(f"interrupted by signal {received}: {len(records)} of {len(specs)} episodes in "
               f"the ledger; run the same command again to resume", file=sys.stderr)
         return SIGNAL_EXIT.get(received, 1)
     return 0
-
-
-def _print_summary(summary: dict, records) -> None:
-    for suite, s in summary["suites"].items():
-        lo, hi = s["ci95"]
-        pub = s["published_rate"]
-        print(f"{suite}: {s['successes']}/{s['episodes']} success "
-              f"{100 * s['success_rate']:.1f}% (95% CI {100 * lo:.1f}-{100 * hi:.1f}%)"
-              + (f"; published (LeRobot fine-tune) {100 * pub:.1f}%" if pub is not None else ""))
-    print(f"published average {summary['published']['lerobot_average']}% (original "
-          f"{summary['published']['original_average']}%); steps {summary['steps']['total']}, "
-          f"chunks {summary['chunks']}, drops {summary['drops'] or 0}, clipped steps "
-          f"{summary['clipped_steps']}, {summary['sim_steps_per_s']} sim steps/s, loop "
-          f"overhead {summary['loop_overhead_pct_of_step']}% of a step")
-    for r in records:
-        if r.status == "refused":
-            print(f"refused: {r.key}: {r.reason}")
 
 
 def register(sub) -> None:

@@ -39,8 +39,9 @@ from .libero_env import LiberoSim, SimStep
 TIME_MODES = ("lockstep", "latency", "realtime")
 #: Sim time of each episode's reset; every episode starts here again (a backward clock jump).
 EPISODE_T0_NS = 1_000_000_000
-#: An episode's clock runs at least this far, so that the jump back to ``EPISODE_T0_NS`` is a
-#: clock reset for the controller (``CLOCK_JUMP_BACK_S``), however early the task succeeds.
+#: Before a reset the clock runs on to at least this far past the next episode's first step,
+#: so that the jump back is a clock reset for the controller (``CLOCK_JUMP_BACK_S``), however
+#: early the last episode ended.
 MIN_EPISODE_NS = int((CLOCK_JUMP_BACK_S + 0.5) * 1e9)
 #: Settings the evaluation uses unless told otherwise: infer when the chunk is consumed, plan
 #: from the observation stamp, reproducible noise.
@@ -250,9 +251,10 @@ class EpisodeRunner:
             log.warning("%s: instruction refused: %s", spec.key, reason)
             rec.timing.wall_s = time.perf_counter() - wall0
             return rec
-        # let the clock run far enough that the jump back is a reset for the controller
+        t0 = EPISODE_T0_NS + self.sim.settle_steps * self.period_ns
+        # let the clock run far enough that the jump back to t0 is a reset for the controller
         if self.clock.now:
-            self.clock.advance_to(self._episode_start_ns + MIN_EPISODE_NS)
+            self.clock.advance_to(t0 + MIN_EPISODE_NS)
             self.controller.tick()
         t = time.perf_counter()
         obs = self.sim.reset(spec.suite, spec.task_id, spec.init_index,
@@ -260,8 +262,6 @@ class EpisodeRunner:
         rec.timing.reset_s = self.sim.timing.get("reset_s", time.perf_counter() - t)
         rec.timing.build_s = self.sim.timing.pop("build_s", 0.0)
         rec.timing.settle_s = self.sim.timing.get("settle_s", 0.0)
-        self._episode_start_ns = EPISODE_T0_NS
-        t0 = EPISODE_T0_NS + self.sim.settle_steps * self.period_ns
         self.clock.jump_to(t0)
         self.executor.reset()
         executed_before, skipped_before = self.executor.rows_executed, self.executor.rows_skipped
@@ -347,8 +347,6 @@ class EpisodeRunner:
                                 if self.video_dir.parent in video.path.parents
                                 else video.path)
         return rec
-
-    _episode_start_ns = EPISODE_T0_NS
 
     def _video(self, spec: EpisodeSpec, instruction: str):
         if self.videos == "none":
