@@ -72,7 +72,7 @@ class LiberoSimNode(rclpy.node.Node):
             ("max_steps", 0), ("settle_steps", DEFAULT_SETTLE_STEPS), ("image_rotation", "180"),
             ("time_mode", "lockstep"), ("latency_ms", 0.0), ("out", "libero_results"),
             ("video", "all"), ("seed", 0), ("policy_node", NODE_NAME),
-            ("active_timeout_s", 300.0), ("chunk_timeout_s", 120.0),
+            ("active_timeout_s", 300.0), ("chunk_timeout_s", 120.0), ("republish_s", 10.0),
             ("overlap_s", 0.0), ("frame_id", "libero"),
             ("topics.image_primary", PARAMS_BY_NAME["topics.image_primary"].default),
             ("topics.image_wrist", PARAMS_BY_NAME["topics.image_wrist"].default),
@@ -277,7 +277,8 @@ class LiberoSimNode(rclpy.node.Node):
                     self._publish_images(obs, now)
                     waiting_for = now if mode != "realtime" else None
                 if waiting_for is not None:  # sim (and policy) time stand still meanwhile
-                    got = self._await_chunk(waiting_for, executor, rec)
+                    got = self._await_chunk(waiting_for, executor, rec,
+                                            lambda o=obs, t=now: self._publish_images(o, t))
                     if got is None:
                         rec.drops["chunk_timeout"] = rec.drops.get("chunk_timeout", 0) + 1
                     else:
@@ -311,12 +312,17 @@ class LiberoSimNode(rclpy.node.Node):
             rec.video = str(video.path.relative_to(out))
         return rec
 
-    def _await_chunk(self, stamp: int, executor: ChunkExecutor, rec: EpisodeRecord) -> int | None:
+    def _await_chunk(self, stamp: int, executor: ChunkExecutor, rec: EpisodeRecord,
+                     republish) -> int | None:
         """Wait (wall clock) for the chunk of the observation stamped ``stamp``; returns its
-        latency in sim time (``latency_ms``, or the measured round trip when 0)."""
-        sent = time.monotonic()
+        latency in sim time (``latency_ms``, or the measured round trip when 0). The images go
+        out again every ``republish_s`` (sensor-data QoS is best effort: one may be lost)."""
+        sent = last = time.monotonic()
         deadline = sent + self.p["chunk_timeout_s"]
         while time.monotonic() < deadline and not self._stop.is_set():
+            if time.monotonic() - last > self.p["republish_s"]:
+                republish()
+                last = time.monotonic()
             try:
                 item = self._chunks.get(timeout=0.05)
             except queue.Empty:
