@@ -243,6 +243,8 @@ class LiberoSim:
         self.timing: dict[str, float] = {}
         self.clipped_steps = 0
         self.clipped_values = 0
+        #: wall time of the last bare ``env.step`` (physics + rendering), measured on its thread
+        self.last_env_step_s = 0.0
         try:
             self._thread.call(self._setup)
         except BaseException:
@@ -317,7 +319,9 @@ class LiberoSim:
         if clipped:
             self.clipped_steps += 1
             self.clipped_values += clipped
+        t = time.perf_counter()
         obs, _, done, _ = self._env.step(np.clip(a, -1.0, 1.0).tolist())
+        self.last_env_step_s = time.perf_counter() - t
         self._step += 1
         self._success = self._success or bool(done)
         return self._observation(obs, clipped)
