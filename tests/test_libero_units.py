@@ -100,3 +100,18 @@ def test_ledger_cuts_a_torn_line_and_refuses_duplicates(tmp_path):
         again.append(_rec("libero_goal/0/1", True))
     with pytest.raises(LedgerError, match="other settings"):
         Ledger(tmp_path, {"suite": "libero_10"})
+
+
+def test_sim_node_entry_point_and_launch_arguments_are_installed():
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    assert "scripts/libero_sim" in (root / "CMakeLists.txt").read_text()
+    assert (root / "scripts" / "libero_sim").stat().st_mode & 0o111
+    tree = ast.parse((root / "launch" / "libero.launch.py").read_text())
+    declared = {node.args[0].value for node in ast.walk(tree)
+                if isinstance(node, ast.Call) and getattr(node.func, "id", "") ==
+                "DeclareLaunchArgument" and isinstance(node.args[0], ast.Constant)}
+    assert {"suite", "tasks", "episodes", "bundle_root", "variant", "backend", "time_mode",
+            "latency_ms", "max_steps", "out", "policy"} <= declared
