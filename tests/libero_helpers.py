@@ -26,6 +26,7 @@ class ScriptedPolicy:
     controller's warm-up, which has stamp 0); records every observation it is given."""
 
     flow_steps = 10
+    action_type = "delta"  # LIBERO's rows: end-effector steps
 
     def __init__(self, script, *, refuse: str = "", on_predict=None) -> None:
         self.script = [np.asarray(c, np.float32) for c in script]

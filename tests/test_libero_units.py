@@ -17,11 +17,12 @@ from molmoact2_ros.sim.summary import summarize, wilson
 P = 50_000_000
 
 
-def _pub(seq: int, start_ns: int, ready_ns: int, rows: int = 4) -> Published:
+def _pub(seq: int, start_ns: int, ready_ns: int, rows: int = 4, kind: str = "delta"
+         ) -> Published:
     actions = np.full((rows, 7), float(seq), np.float32)
     actions[:, 0] = np.arange(rows)
     return Published(None, actions, seq, None, Settings(), start_ns, ready_ns, start_ns,
-                     start_ns, 0)
+                     start_ns, 0, action_type=kind)
 
 
 def test_rows_run_in_the_step_that_ends_at_their_stamp_then_zero():
@@ -29,9 +30,18 @@ def test_rows_run_in_the_step_that_ends_at_their_stamp_then_zero():
     ex.accept(_pub(1, 1000 * P, 1000 * P), 1000 * P)
     cmds = [ex.command((1000 + k) * P) for k in range(6)]
     assert [c[0] for c in cmds[:4]] == [0, 1, 2, 3] and all(c[1] == 1 for c in cmds[:4])
-    assert not np.any(cmds[4]) and not np.any(cmds[5])  # delta actions: stop after the chunk
+    # delta rows: after the chunk the pose dims stop (zero) and the gripper holds its command
+    for c in cmds[4:]:
+        assert not np.any(c[:6]) and c[6] == 1.0
     assert [e.due_ns - e.step_start_ns for e in ex.log] == [P] * 6
     assert (ex.rows_executed, ex.rows_skipped, ex.idle_steps) == (4, 0, 2)
+
+
+def test_absolute_rows_hold_the_last_row_after_the_chunk():
+    ex = ChunkExecutor(P)
+    ex.accept(_pub(2, 0, 0, kind="absolute"), 0)
+    cmds = [ex.command(k * P) for k in range(6)]
+    np.testing.assert_array_equal(cmds[5], cmds[3])
 
 
 def test_a_chunk_counts_from_when_it_is_available_and_replaces_the_older_one():

@@ -114,7 +114,9 @@ class LiberoSimNode(rclpy.node.Node):
         start = int(msg.start_stamp.sec) * 10**9 + int(msg.start_stamp.nanosec)
         actions = np.asarray(msg.actions, np.float32).reshape(msg.horizon, msg.action_dim)
         latency = int(msg.inference_latency.sec) * 10**9 + int(msg.inference_latency.nanosec)
-        self._chunks.put((stamp, start, int(msg.sequence), actions, latency, time.monotonic()))
+        kind = getattr(msg, "action_type", "") or "delta"  # LIBERO rows are deltas
+        self._chunks.put((stamp, start, int(msg.sequence), actions, latency, time.monotonic(),
+                          kind))
 
     def _call(self, client, request, timeout_s: float):
         """A service call from the evaluation thread (the executor spins elsewhere)."""
@@ -326,7 +328,7 @@ class LiberoSimNode(rclpy.node.Node):
                 item = self._chunks.get(timeout=0.05)
             except queue.Empty:
                 continue
-            obs_stamp, start, seq, actions, _, received = item
+            obs_stamp, start, seq, actions, _, received, kind = item
             if obs_stamp != stamp:
                 continue  # a chunk of an older observation (or the last episode)
             wall_ns = int((received - sent) * 1e9)
@@ -334,7 +336,7 @@ class LiberoSimNode(rclpy.node.Node):
             if self.p["time_mode"] == "latency":
                 latency = int(self.p["latency_ms"] * 1e6) or wall_ns
             executor.accept(Published(None, actions, seq, None, None, stamp, stamp + latency,
-                                      start, start, 0), stamp + latency)
+                                      start, start, 0, action_type=kind), stamp + latency)
             rec.chunks += 1
             rec.chunk_latency_ms.append(latency / 1e6)
             rec.timing.inference_ms.append(round(wall_ns / 1e6, 3))
@@ -346,9 +348,9 @@ class LiberoSimNode(rclpy.node.Node):
         if self.p["time_mode"] != "realtime":
             return
         while not self._chunks.empty():
-            obs_stamp, start, seq, actions, latency, _ = self._chunks.get_nowait()
+            obs_stamp, start, seq, actions, latency, _, kind = self._chunks.get_nowait()
             executor.accept(Published(None, actions, seq, None, None, obs_stamp, now, start,
-                                      start, 0), now)
+                                      start, 0, action_type=kind), now)
             rec.chunks += 1
             rec.chunk_latency_ms.append((now - obs_stamp) / 1e6)
 

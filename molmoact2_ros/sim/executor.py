@@ -4,8 +4,10 @@ A published chunk's row ``i`` is due at ``start + (i+1)·period`` (``control/exe
 it is the command of the control step that starts in ``[start + i·period, start + (i+1)·period)``
 and ends at its stamp. A chunk is executable from the moment it is available (its ``ready``
 time in sim time); rows due before then are skipped, and a newer chunk replaces the rest of an
-older one. LIBERO's actions are end-effector deltas, so when no row is due (before the first
-chunk, after a chunk's last row) the command is zero: stay, keep the gripper where it is.
+older one. After a chunk's last row the command is what the node's execution code says
+(``Executing.rows_at``): for delta rows (LIBERO's end-effector steps) zero in the integrated
+dims and the gripper held; for absolute rows the last row held. Before the first chunk of an
+episode it is zero.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..control.chunk_io import Published
+from ..control.execution import Executing, delta_dims
 
 ACTION_DIM = 7
 
@@ -40,6 +43,8 @@ class ChunkExecutor:
     """Plays ``Published`` chunks row by row on a sim clock (integer ns)."""
 
     period_ns: int
+    #: names of the action dims (which of them the robot integrates for delta chunks)
+    action_names: tuple = ("x", "y", "z", "roll", "pitch", "yaw", "gripper")
     zero: np.ndarray = field(default_factory=lambda: np.zeros(ACTION_DIM, np.float32))
     current: Published | None = None
     pending: list[_Pending] = field(default_factory=list)
@@ -87,9 +92,18 @@ class ChunkExecutor:
                     self.log.append(ExecutedRow(t, out.sequence, int(row),
                                                 int(out.start_ns) + (row + 1) * self.period_ns))
                 return np.asarray(out.actions[row], np.float32)
-            if row >= rows and self._next_row < rows:
-                self.rows_skipped += rows - self._next_row
-                self._next_row = rows
+            if row >= rows:
+                if self._next_row < rows:
+                    self.rows_skipped += rows - self._next_row
+                    self._next_row = rows
+                executing = Executing(np.asarray(out.actions, np.float32), int(out.start_ns),
+                                      self.period_ns,
+                                      delta=delta_dims(getattr(out, "action_type", "absolute"),
+                                                       self.action_names))
+                self.idle_steps += 1
+                if self.keep_log:
+                    self.log.append(ExecutedRow(t, 0, -1, t + self.period_ns))
+                return executing.rows_at(np.array([row]))[0]
         self.idle_steps += 1
         if self.keep_log:
             self.log.append(ExecutedRow(t, 0, -1, t + self.period_ns))

@@ -43,9 +43,10 @@ EPISODE_T0_NS = 1_000_000_000
 #: so that the jump back is a clock reset for the controller (``CLOCK_JUMP_BACK_S``), however
 #: early the last episode ended.
 MIN_EPISODE_NS = int((CLOCK_JUMP_BACK_S + 0.5) * 1e9)
-#: Settings the evaluation uses unless told otherwise: infer when the chunk is consumed, plan
-#: from the observation stamp, reproducible noise.
-EVAL_DEFAULTS = {"trigger": "chunk_consumed", "execution.start": "observation", "seed": 7}
+#: Settings the evaluation uses unless told otherwise: infer when the chunk is consumed (each
+#: chunk runs to its end, as the published evaluation), LIBERO's delta end-effector rows,
+#: reproducible noise; everything else is the node's default.
+EVAL_DEFAULTS = {"trigger": "chunk_consumed", "execution.action_type": "delta", "seed": 7}
 log = logging.getLogger("molmoact2_ros.sim.runner")
 
 
@@ -213,7 +214,8 @@ class EpisodeRunner:
             raise MolmoActError(
                 f"control_period_s={settings['control_period_s']} but LIBERO steps at "
                 f"{sim.period_s} s (20 Hz); set control_period_s=0.05")
-        self.executor = ChunkExecutor(self.period_ns, keep_log=keep_row_log)
+        self.executor = ChunkExecutor(self.period_ns, tuple(settings["action_names"]),
+                                      keep_log=keep_row_log)
         self._policies: list[_TimedPolicy] = []
 
         def factory(s: Settings):
