@@ -38,8 +38,9 @@ def _settings(**changes) -> Settings:
 
 @pytest.fixture(scope="module")
 def scripted_settings(tiny_root) -> Settings:
-    """The node's settings; the bundle is only checked (the scripted policy stands in)."""
-    return _settings(**bundle_parameters(tiny_root))
+    """The node's settings; the bundle is only checked (the scripted policy stands in). No
+    overlap: each chunk runs to its last row before the next observation."""
+    return _settings(**bundle_parameters(tiny_root), **{"execution.overlap_s": 0.0})
 
 
 def _scripted_runner(sim, policy, settings, **kw) -> EpisodeRunner:
