@@ -14,7 +14,7 @@ from typing import Any
 
 from ..bundle.variants import VARIANTS
 from ..errors import MolmoActError
-from .args import float_in, int_at_least
+from .args import example, float_in, int_at_least
 from .replay import SIGNAL_EXIT, _Signals, parse_set
 
 
@@ -121,8 +121,18 @@ def register(sub) -> None:
     from ..sim.libero_env import DEFAULT_SETTLE_STEPS, ROTATIONS, STANDARD_SUITES
     from ..sim.runner import TIME_MODES
 
-    p = sub.add_parser("libero", help="evaluate a bundle in closed loop on LIBERO (no ROS); "
-                       "success rates next to the published ones")
+    p = sub.add_parser(
+        "libero", help="evaluate a bundle in closed loop on LIBERO (no ROS); success rates "
+        "next to the published ones",
+        description="Run LIBERO episodes through the node's own controller and execution code "
+        "on a sim clock\n(lockstep, or a chunk latency in sim time), one env on its own thread. "
+        "Writes the ledger\nepisodes.jsonl (a rerun resumes it), summary.json/.md with 95% "
+        "Wilson intervals beside the\npublished rates, success_by_task.png and one video per "
+        "episode. Needs the sim extra and\nMUJOCO_GL=egl or osmesa (docs/libero.md).",
+        epilog=example("molmoact2 libero --suite libero_spatial --tasks 0,3 --episodes 50 "
+                       "--bundle-root /data/molmoact2 --variant grid_sampler --out results/spatial",
+                       "molmoact2 libero --suite libero_goal --time-mode latency --latency-ms 180 "
+                       "--bundle-root /data/molmoact2 --out results/goal_180ms"))
     p.add_argument("--suite", default="libero_spatial",
                    help=f"LIBERO suite: {', '.join(STANDARD_SUITES)} (or a LIBERO-PRO suite)")
     p.add_argument("--tasks", help="task numbers, e.g. 0,3 or 0-4 (default: every task)")
