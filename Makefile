@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 
 $(BIN)/molmoact2: setup.py
 	@echo "== make: installing molmoact2_ros into $(VENV) with its test extra (numpy, tokenizers,"
-	@echo "   tqdm, pillow, opencv, numba, onnxruntime, onnx, rosbags, safetensors, matplotlib,"
+	@echo "   tqdm, pillow, opencv, numba, onnxruntime, onnx, rosbags, safetensors, matplotlib, ray,"
 	@echo "   pytest, ruff); the first time takes 1-2 min"
 	@start=$$(date +%s); \
 	$(PYTHON) -m venv $(VENV) && \

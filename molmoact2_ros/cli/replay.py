@@ -16,6 +16,7 @@ from ..bundle.variants import VARIANTS
 from ..errors import BagError, MolmoActError
 from ..util.progress import counter
 from .args import float_in, int_at_least
+from .ray_args import add_ray_args
 
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
@@ -141,6 +142,19 @@ class _Signals:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from .ray_args import fix_ray_address
+    from .replay_many import cmd_replay_many, is_many
+
+    fix_ray_address(args, "bags")
+    if not args.bags:
+        raise MolmoActError("replay needs a bag: molmoact2 replay BAG --bundle-root ROOT ...")
+    if is_many(args):
+        return cmd_replay_many(args)
+    args.bag = args.bags[0]
+    return _replay_one(args)
+
+
+def _replay_one(args: argparse.Namespace) -> int:
     from ..control.controller import load_policy
     from ..control.params import Settings, validate_changes
     from ..replay.bagio import prepare_output
@@ -262,7 +276,9 @@ def register(sub) -> None:
     """Add the replay and trace-to-bag commands to the ``molmoact2`` parser."""
     p = sub.add_parser("replay", help="replay a rosbag2 through the node logic (no ROS); "
                        "record golden chunks or check against them")
-    p.add_argument("bag", help="rosbag2 folder (or .mcap) with the camera and joint topics")
+    p.add_argument("bags", nargs="*", metavar="BAG",
+                   help="rosbag2 folder (or .mcap) with the camera and joint topics; several "
+                   "with --golden-dir or --record-dir (one golden per bag name)")
     p.add_argument("--bundle-root", required=True,
                    help="a root with one folder per variant, or one variant's folder")
     p.add_argument("--variant", choices=list(VARIANTS), help="default: the golden's, else "
@@ -294,9 +310,15 @@ def register(sub) -> None:
                    help="fraction within tolerance per chunk (default 1.0, htp 0.95)")
     p.add_argument("--min-produced", type=float_in(0.0, 1.0), default=1.0,
                    help="fraction of golden chunks the run must produce")
-    p.add_argument("--report", metavar="DIR", help="write summary.json and PNG plots here")
+    p.add_argument("--golden-dir", metavar="DIR", help="check each BAG against DIR/NAME, the "
+                   "golden chunk bag of its name (a bag folder's name, an .mcap file's stem)")
+    p.add_argument("--record-dir", metavar="DIR", help="record each BAG's golden to DIR/NAME")
+    p.add_argument("--report", metavar="DIR", help="write summary.json and PNG plots here "
+                   "(several bags: the merged summary.json and summary.md, and the "
+                   "verdicts.jsonl ledger an interrupted run resumes from)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_ray_args(p, what="bags")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("trace-to-bag", help="turn a golden trace into a replayable bag")
