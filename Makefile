@@ -5,13 +5,17 @@ BUNDLE ?= .cache/tiny-bundle
 DEMO ?= .cache/demo
 TASK ?= put both the alphabet soup and the tomato sauce in the basket
 BIN := $(VENV)/bin
+# headless rendering of the LIBERO tests: egl (libegl1 libegl-mesa0 libgl1-mesa-dri) or osmesa
+# (libosmesa6); .ci/run installs both on a fresh Debian/Ubuntu machine run as root
+MUJOCO_GL ?= egl
 
 .PHONY: install bundle demo test lint clean
 
 $(BIN)/molmoact2: setup.py
 	@echo "== make: installing molmoact2_ros into $(VENV) with its test extra (numpy, tokenizers,"
 	@echo "   tqdm, pillow, opencv, numba, onnxruntime, onnx, rosbags, safetensors, matplotlib, ray,"
-	@echo "   pytest, ruff); the first time takes 1-2 min"
+	@echo "   pytest, ruff, and LIBERO with imageio for the closed-loop tests: about 2.5 GB);"
+	@echo "   the first time takes 2-4 min"
 	@start=$$(date +%s); \
 	$(PYTHON) -m venv $(VENV) && \
 	$(BIN)/python -m pip install --quiet --upgrade pip && \
@@ -49,7 +53,7 @@ lint: install
 	$(BIN)/ruff check .
 
 test: lint bundle
-	MOLMOACT2_TINY_BUNDLE=$(abspath $(BUNDLE)) $(BIN)/python -m pytest -q
+	MUJOCO_GL=$(MUJOCO_GL) MOLMOACT2_TINY_BUNDLE=$(abspath $(BUNDLE)) $(BIN)/python -m pytest -q
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache

@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = sorted((REPO / "docs").glob("*.md"))
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 MD_NAME = re.compile(r"(?<![\w/.-])([\w./-]*\w\.md)\b")
-#: Markdown files the package writes (device-report's and replay's outputs), not documents to follow.
+#: Markdown files the package writes (device-report's output), not documents to follow.
 OUTPUTS = {"report.md", "device-report.md", "r.md", "summary.md"}
 
 
