@@ -325,3 +325,23 @@ def test_ledger_refuses_a_repeated_key_and_drops_a_torn_tail(tmp_path):
 
     with pytest.raises(MolmoActError, match=r"l.jsonl:2 repeats bag 'a'"):
         read_ledger(path, "bag")
+
+
+def test_merged_report_names_the_worst_bag_and_the_settings_that_differ():
+    from molmoact2_ros.replay.fleet import format_merged, merge
+
+    def v(bag, status, max_abs, passed, differences=()):
+        return {"bag": bag, "status": status, "differences": list(differences),
+                "worst": {"stamp_ns": 1_500_000_000, "cosine": 0.9, "max_abs": max_abs,
+                          "row": 3, "dim": 6, "name": "gripper", "within_tol": 0.5,
+                          "passed": passed}}
+
+    report = merge([v("a", "pass", 1e-4, True), v("b", "fail", 0.01, False, ["seed 1 (golden 7)"]),
+                    v("c", "pass", 0.5, True, ["seed 1 (golden 7)"]),
+                    {"bag": "d", "status": "error", "error": "no golden"}])
+    assert (report["pass"], report["fail"], report["error"], report["ok"]) == (2, 1, 1, False)
+    assert report["worst"]["bag"] == "b"  # a failed chunk comes before a larger passing one
+    assert report["settings_differ"] == {"seed": ["b", "c"]}
+    text = format_merged(report)
+    assert "worst: b chunk 1.500000000 s, max-abs 0.01 at action 3 gripper" in text
+    assert "seed differs from the golden in 2 bags: b, c" in text and text.endswith("FAIL")

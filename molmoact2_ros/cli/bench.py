@@ -101,6 +101,12 @@ def register(subparsers) -> None:
                    help="observations per bag")
     g.add_argument("--scale-out-actors", type=int_at_least(1), default=2,
                    help="Ray actors (one CPU each) on the local cluster")
+    g.add_argument("--scale-out-libero", metavar="BUNDLE_ROOT",
+                   help="also run LIBERO lockstep episodes with this bundle (e.g. the tiny one)")
+    g.add_argument("--scale-out-episodes", type=int_at_least(1), default=4,
+                   help="LIBERO episodes (libero_spatial tasks 0.., init state 0)")
+    g.add_argument("--scale-out-max-steps", type=int_at_least(1), default=60,
+                   help="policy steps per LIBERO episode")
     p.set_defaults(func=cmd_bench)
 
 
@@ -115,7 +121,10 @@ def cmd_scale_out(args: argparse.Namespace) -> int:
           f"python {platform.python_version()}; load average {load_start}", flush=True)
     with tempfile.TemporaryDirectory(prefix="molmoact2-scale-out-") as tmp:
         result = bench_scale_out(Path(tmp), bags=args.scale_out_bags,
-                                 frames=args.scale_out_frames, actors=args.scale_out_actors)
+                                 frames=args.scale_out_frames, actors=args.scale_out_actors,
+                                 libero_root=args.scale_out_libero or "",
+                                 episodes=args.scale_out_episodes,
+                                 max_steps=args.scale_out_max_steps)
     result["load_average"] = {"start": load_start, "end": _load()}
     print(format_scale_out(result))
     print(f"load average at the end {result['load_average']['end']}")
