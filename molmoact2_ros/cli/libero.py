@@ -15,6 +15,8 @@ from typing import Any
 from ..bundle.variants import VARIANTS
 from ..errors import MolmoActError
 from .args import example, float_in, int_at_least
+from .libero_ray import ENV_MEMORY_GB
+from .ray_args import add_ray_args
 from .replay import SIGNAL_EXIT, _Signals, parse_set
 
 
@@ -49,6 +51,12 @@ def cmd_libero(args: argparse.Namespace) -> int:
     from ..sim.summary import summarize, write
     from ..util.progress import counter
 
+    if args.ray:
+        from ..cluster.connect import is_address
+
+        if not is_address(args.ray):
+            raise MolmoActError(f"--ray {args.ray}: not an address; use local, auto, HOST:PORT "
+                                "or ray://HOST:PORT")
     settings, run = run_settings(args)
     infos = suite_tasks(args.suite)  # unknown suite, or no LIBERO: one line, exit 2
     tasks = parse_tasks(args.tasks, len(infos), args.suite)
@@ -67,7 +75,11 @@ def cmd_libero(args: argparse.Namespace) -> int:
           f"{args.time_mode}" + (f" {args.latency_ms} ms" if args.time_mode == "latency" else "")
           + f", {settings['variant']} on {settings['backend']}", file=sys.stderr)
     received = None
-    if todo:
+    if todo and args.ray:
+        from .libero_ray import run_with_progress
+
+        received = run_with_progress(args, settings, todo, ledger, len(specs))
+    elif todo:
         sim = LiberoSim(image_rotation=args.image_rotation, settle_steps=args.settle_steps)
         runner = None
         bar = counter(len(specs), "libero", unit="ep", enabled=not args.no_progress)
@@ -170,4 +182,5 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="results folder; an existing ledger resumes")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar; one line per episode instead")
+    add_ray_args(p, what="episodes", memory_gb=ENV_MEMORY_GB)
     p.set_defaults(func=cmd_libero)

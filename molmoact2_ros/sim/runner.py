@@ -225,8 +225,11 @@ class EpisodeRunner:
 
         #: the latest published chunks (tests and reports read them)
         self.published: deque[Published] = deque(maxlen=256)
+        # latency is measured on the sim clock too: on the wall clock, lockstep episodes would
+        # depend on the machine's speed and on the episodes run before them
         self.controller = Controller(settings, publish=self.published.append,
-                                     policy_factory=factory, clock_ns=self.clock)
+                                     policy_factory=factory, clock_ns=self.clock,
+                                     monotonic_ns=self.clock)
         self.controller.configure()
         self.controller.activate(worker=False)
         for p in self._policies:
