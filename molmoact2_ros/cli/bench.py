@@ -19,8 +19,9 @@ from ..bench.closed_loop_scene import TargetTrackingPolicy
 from ..bench.runtime import HOST_REPEATS, bench_variant, format_record
 from ..bundle.variants import VARIANTS
 from ..control.execution import BLENDS, START_MODES
+from ..control.params import MAX_FLOW_STEPS, SEED_MAX
 from ..util.progress import counter
-from .args import float_in, int_at_least
+from .args import check_paths, float_in, int_in
 
 
 def _load() -> list[float]:
@@ -31,6 +32,8 @@ def _load() -> list[float]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    check_paths([("--json", args.json), ("--plot", args.plot)],
+                [("--bundle-root", args.bundle_root)])
     if getattr(args, "closed_loop", False):
         return cmd_closed_loop(args)
     from ..bench.host import bench_host, format_host
@@ -82,12 +85,13 @@ def register(subparsers) -> None:
     )
     p.add_argument("--variants", nargs="*", choices=list(VARIANTS),
                    help="variants to bench (default: all)")
-    p.add_argument("--chunks", type=int_at_least(1), default=50,
+    p.add_argument("--chunks", type=int_in(1, 100_000), default=50,
                    help="chunks through design (a) and replay; use e.g. 10000 to watch RSS over "
                    "a long run")
-    p.add_argument("--naive-chunks", type=int_at_least(1), default=3,
+    p.add_argument("--naive-chunks", type=int_in(1, 1000), default=3,
                    help="chunks through design (b)")
-    p.add_argument("--steps", type=int_at_least(1), help="flow steps (default: the variant's)")
+    p.add_argument("--steps", type=int_in(1, MAX_FLOW_STEPS),
+                   help="flow steps (default: the variant's)")
     p.add_argument("--json", help="write every figure to this JSON file")
     add_arguments(p)
     p.set_defaults(func=cmd_bench)
@@ -159,9 +163,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="control period of the simulated robot")
     g.add_argument("--overlap-ms", type=float_in(0.0, 10_000.0), default=250.0,
                    help="execution.overlap_s: chunk left when the next one arrives")
-    g.add_argument("--horizon", type=int_at_least(1), default=20,
+    g.add_argument("--horizon", type=int_in(1, 1000), default=20,
                    help="synthetic policy chunk rows")
-    g.add_argument("--seed", type=int, default=0, help="scene and policy seed")
+    g.add_argument("--seed", type=int_in(0, SEED_MAX), default=0, help="scene and policy seed")
     g.add_argument("--bundle-root", help="also run the tiny bundle (folder with one per variant)")
     g.add_argument("--variant", default="grid_sampler", help="variant of --bundle-root to run")
     g.add_argument("--plot", help="write the actions-around-switches plot (PNG; matplotlib)")

@@ -320,6 +320,11 @@ def cmd_device_report(args: argparse.Namespace) -> int:
     if (args.bag is None) != (args.golden is None):
         raise BundleError("give --bag and --golden together: the bag recorded on the robot and "
                           "the golden chunk bag made from it with 'replay --record'")
+    from .args import check_paths
+
+    check_paths([("--out", args.out), ("--out JSON", Path(args.out).with_suffix(".json"))],
+                [("bundle root", args.bundle_root), ("--bag", args.bag),
+                 ("--golden", args.golden)])
     report = build_report(Path(args.bundle_root).expanduser(), args.chunks, args.timeout,
                           bag=args.bag and Path(args.bag), golden=args.golden and Path(args.golden))
     out = Path(args.out)

@@ -13,9 +13,10 @@ import numpy as np
 
 from ..bundle.bundle import bundle_parameters
 from ..bundle.variants import VARIANTS
-from ..errors import BagError, MolmoActError
+from ..control.params import MAX_FLOW_STEPS, SEED_MAX
+from ..errors import MolmoActError
 from ..util.progress import counter
-from .args import float_in, int_at_least
+from .args import check_paths, float_in, int_in
 
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
@@ -104,13 +105,15 @@ def run_changes(args: argparse.Namespace, golden_settings: dict) -> tuple[dict, 
 
 
 def check_outputs(args: argparse.Namespace) -> None:
-    """Refuse existing outputs (unless --force) before anything runs."""
+    """Refuse outputs that are, hold or lie inside an input, and existing outputs (unless
+    --force), before anything runs."""
     from ..replay.bagio import check_output
 
+    check_paths([("--record bag", args.record), ("--report", args.report)],
+                [("bag", args.bag), ("--golden", args.golden),
+                 ("--bundle-root", args.bundle_root)])
     if args.record:
-        path = check_output(Path(args.record), args.force, "--record bag")
-        if args.golden and path.resolve() == Path(args.golden).resolve():
-            raise BagError("--record and --golden name the same bag; record to a new path")
+        check_output(Path(args.record), args.force, "--record bag")
     if args.report:
         report = Path(args.report)
         if report.exists() and not report.is_dir():
@@ -148,6 +151,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from ..replay.chunkbag import ChunkBagWriter, run_info
     from ..replay.replay import replay
 
+    check_outputs(args)  # before reading anything: outputs never replace inputs
     golden = load_golden(Path(args.golden)) if args.golden else None
     trace = golden if isinstance(golden, dict) else None
     if trace is not None:
@@ -160,7 +164,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if not ok:
         raise MolmoActError(reason)
     settings = Settings().with_changes(changes)
-    check_outputs(args)
     base = default_tolerance(args.backend)
     tol = Tolerance(*(base.__dict__[k] if getattr(args, k) is None else getattr(args, k)
                       for k in ("min_cosine", "atol", "rtol", "min_within")))
@@ -243,6 +246,7 @@ def cmd_trace_to_bag(args: argparse.Namespace) -> int:
     from ..replay.bagio import check_output, prepare_output
     from ..replay.replay import write_observation_bag
 
+    check_paths([("output bag", args.out)], [("trace", args.trace)])
     trace = load_npz(Path(args.trace), ["image_primary", "image_wrist", "state"],
                      what="trace-to-bag")
     out = check_output(Path(args.out), args.force)
@@ -271,8 +275,10 @@ def register(sub) -> None:
                    help="onnx: ONNX Runtime here; htp: resident workers (--appbuilder fake "
                    "for the test fake)")
     p.add_argument("--instruction", help="default: the golden's")
-    p.add_argument("--seed", type=int, help="noise seed (default: the golden's, else 0)")
-    p.add_argument("--flow-steps", type=int, help="default: the golden's, else the variant's")
+    p.add_argument("--seed", type=int_in(-1, SEED_MAX),
+                   help="noise seed, -1 random (default: the golden's, else 0)")
+    p.add_argument("--flow-steps", type=int_in(0, MAX_FLOW_STEPS),
+                   help="0: the variant's (default: the golden's, else the variant's)")
     p.add_argument("--max-age", type=float_in(0.0, 1e6, low_open=True), default=0.5,
                    help="max_observation_age_s: older observations are skipped (bag clock)")
     p.add_argument("--namespace", default="", help="node namespace the bag's topics are under")
@@ -302,7 +308,7 @@ def register(sub) -> None:
     p = sub.add_parser("trace-to-bag", help="turn a golden trace into a replayable bag")
     p.add_argument("trace", help="golden/e2e_trace*.npz of a bundle")
     p.add_argument("out", help="new rosbag2 folder to write")
-    p.add_argument("--frames", type=int_at_least(1), default=3, help="observations to write")
+    p.add_argument("--frames", type=int_in(1, 100_000), default=3, help="observations to write")
     p.add_argument("--period-s", type=float_in(0.0, 3600.0, low_open=True), default=0.5,
                    help="seconds between observations")
     p.add_argument("--mcap", action="store_true", help="write mcap instead of sqlite3")

@@ -23,6 +23,8 @@ TRIGGERS = ("on_observation", "rate", "chunk_consumed")
 STATE_SOURCES = ("joint_state", "tf")
 LOAD_ORDERS = ("parallel", "sequential")
 MAX_FLOW_STEPS = 100
+#: Largest noise seed (numpy seeds are unsigned; ROS integer parameters are 64-bit).
+SEED_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ PARAMS: tuple[ParamSpec, ...] = (
     _p("instruction", "", "task instruction, e.g. 'put the bowl on the plate'"),
     _p("seed", -1,
        "noise seed: each observation's noise is drawn from (seed, its stamp in ns); -1 = random",
-       int_range=(-1, 2**31 - 1)),
+       int_range=(-1, SEED_MAX)),
     _p("trigger", "on_observation",
        "when to infer: on_observation | rate | chunk_consumed"),
     _p("rate_hz", 2.0, "inference rate for trigger=rate", float_range=(0.01, 100.0)),

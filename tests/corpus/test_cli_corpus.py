@@ -143,7 +143,31 @@ CASES = [
      "output path"),
     ("replay negative flow steps", ["replay", "bag", "--bundle-root", T, "--instruction", "x",
                                     "--flow-steps", "-1"], None,
-     "flow_steps=-1 is out of range [0, 100]"),
+     "argument --flow-steps: -1 is below the minimum 0"),
+    ("replay seed below -1", ["replay", "bag", "--bundle-root", T, "--seed", "-2"], None,
+     "argument --seed: -2 is below the minimum -1"),
+    ("bench steps huge", ["bench", "--steps", "1000000"], None,
+     "argument --steps: 1000000 is above the maximum 100"),
+    ("bench chunks huge", ["bench", "--chunks", "100000000"], None,
+     "argument --chunks: 100000000 is above the maximum 100000"),
+    ("closed-loop horizon huge", ["bench", "--closed-loop", "--horizon", "100000000"], None,
+     "argument --horizon: 100000000 is above the maximum 1000"),
+    ("closed-loop horizon float", ["bench", "--closed-loop", "--horizon", "1e8"], None,
+     "argument --horizon: '1e8' is not an integer"),
+    ("closed-loop seed negative", ["bench", "--closed-loop", "--seed", "-1"], None,
+     "argument --seed: -1 is below the minimum 0"),
+    ("tiny-bundle seed negative", ["tiny-bundle", "{tmp}/tb", "--seed", "-1"], None,
+     "argument --seed: -1 is below the minimum 0"),
+    ("demo chunks huge", ["demo", T, "--chunks", "10000000"], None,
+     "argument --chunks: 10000000 is above the maximum 100000"),
+    ("doctor repeats huge", ["doctor", T, "--repeats", "10000000"], None,
+     "argument --repeats: 10000000 is above the maximum 1000"),
+    ("bench json inside the bundle root", ["bench", "--closed-loop", "--bundle-root", T,
+                                           "--json", T + "/grid_sampler/x.json"], None,
+     "lies inside the input --bundle-root"),
+    ("export-host output inside the checkpoint", ["export-host", "{made}", "{made}",
+                                                  "--variant", "grid_sampler"], _checkpoint,
+     "lies inside the input checkpoint"),
     ("replay negative max age", ["replay", "bag", "--bundle-root", T, "--instruction", "x",
                                  "--max-age", "-1"], None,
      "argument --max-age: -1.0 is outside"),
@@ -184,3 +208,38 @@ def test_nothing_is_written_on_refused_export(tiny_root, tmp_path):
     assert main(["export-host", str(ckpt), str(tmp_path / "b"), "--variant", "fused"]) == 2
     assert list((tmp_path / "b" / "host").iterdir()) == []
     assert np.load(tiny_root / "fused" / "host" / "embeddings.npy").size  # source untouched
+
+
+def _numeric_options():
+    """Every option of every command whose value is a number: (command, option, type)."""
+    import argparse
+
+    from molmoact2_ros.cli.app import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in sub.choices.items():
+        for action in command._actions:
+            if action.choices is not None or not action.option_strings:
+                continue
+            number = action.type in (int, float) or isinstance(action.default, (int, float)) \
+                and not isinstance(action.default, bool) or hasattr(action.type, "range_text")
+            if number:
+                yield name, action.option_strings[-1], action
+
+
+def test_every_numeric_option_has_a_documented_range():
+    """One typed-range helper (cli/args.py) for every number: a range and (range: ...) in help."""
+    from molmoact2_ros.cli.app import build_parser
+
+    options = list(_numeric_options())
+    assert len(options) >= 25
+    unbounded = [f"{c} {o}" for c, o, a in options if not getattr(a.type, "range_text", "")]
+    assert not unbounded, unbounded
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for command, option, _ in options:
+        text = sub.choices[command].format_help()
+        at = text.rindex("  " + option + " ")  # the option's entry, after the usage line
+        entry = " ".join(text[at:].split("\n  -", 1)[0].split())
+        assert "(range: " in entry, (command, option, entry)
