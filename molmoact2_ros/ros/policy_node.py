@@ -239,8 +239,8 @@ class PolicyNode(Node):
 
     def _on_message(self, stream: int, msg) -> None:
         sync = self._sync
-        if sync is not None:
-            sync.add(stream, _stamp_ns(msg), msg)
+        if sync is not None:  # future stamps are refused before they reach the synchroniser
+            self.controller.offer(sync, stream, _stamp_ns(msg), msg)
 
     def _on_synced(self, items) -> None:
         try:
