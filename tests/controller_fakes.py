@@ -28,6 +28,7 @@ class FakePolicy:
         self.fail: BaseException | None = None
         self.gate: threading.Event | None = None
         self.closed = False
+        self.seeds: list = []
         self.check_instruction(self.instruction)
         events.append(("load", self.variant))
 
@@ -55,7 +56,7 @@ class FakePolicy:
         self.flow_steps = steps
 
     def reseed(self, seed):
-        pass
+        self.seeds.append(seed)
 
     def recover(self):
         self.fail = None

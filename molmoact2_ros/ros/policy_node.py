@@ -73,6 +73,7 @@ class PolicyNode(Node):
         self._chunk_pub = None
         self._traj_pub = None
         self._sync: ApproxTimeSync | None = None
+        self._reverting = False
         self._tf_buffer = None
         self._tf_listener = None
         self._bridge = None
@@ -327,21 +328,32 @@ class PolicyNode(Node):
         return Settings(values)
 
     def _on_set_parameters(self, params: list[Parameter]) -> SetParametersResult:
+        """rclpy's parameter callback (it has no try): never raises, refuses with a reason."""
+        try:
+            return self._set_parameters(params)
+        except Exception as exc:
+            reason = f"refused: the check failed ({type(exc).__name__}: {exc})"
+            self.get_logger().error(reason)
+            return SetParametersResult(successful=False, reason=reason)
+
+    def _set_parameters(self, params: list[Parameter]) -> SetParametersResult:
         changes = {}
         for p in params:
             if p.name in PARAMS_BY_NAME:
                 value = p.value
                 changes[p.name] = list(value) if isinstance(value, (list, tuple)) or (
                     hasattr(value, "tolist")) else value
-        if not changes:
-            return SetParametersResult(successful=True)
+        running = self.controller.settings
+        if not changes or (self._reverting and all(running[k] == v for k, v in changes.items())):
+            return SetParametersResult(successful=True)  # the revert sets what already runs
         # One step under the controller's lock; values equal to the running ones (as the
         # revert after a failed swap sets) are accepted without effect.
         ok, reason, how = self.controller.request(changes)
         if ok:
-            if how == "configure":
-                self.get_logger().info(f"{sorted(changes)} apply at the next configure")
-            elif how == "reload":
+            if how.endswith("configure"):
+                later = sorted(k for k in changes if PARAMS_BY_NAME[k].apply == "configure")
+                self.get_logger().info(f"{later} apply at the next configure")
+            if how.startswith("reload"):
                 self.get_logger().info(f"reloading sessions in the background for {changes}")
         return SetParametersResult(successful=ok, reason=reason)
 
@@ -351,9 +363,14 @@ class PolicyNode(Node):
             return
         self.get_logger().error(reason)
         # Put the parameters back to what actually runs; equal to the controller's settings,
-        # they pass _on_set_parameters without effect (no reload is triggered).
-        self.set_parameters([Parameter(p.name, value=settings[p.name]) for p in PARAMS
-                             if p.apply == "reload"])
+        # they pass _on_set_parameters without effect (no reload is triggered, even with no
+        # runtime loaded, where setting a reload value again is a reload).
+        self._reverting = True
+        try:
+            self.set_parameters([Parameter(p.name, value=settings[p.name]) for p in PARAMS
+                                 if p.apply == "reload"])
+        finally:
+            self._reverting = False
 
     # -- diagnostics -----------------------------------------------------------------------------
     def _make_diagnostics(self):
