@@ -286,6 +286,11 @@ def _check_state_names(name, value, settings):
 def _check_instruction(name, value, settings):
     if "\x00" in value:
         return False, f"{name} contains a NUL character; use plain text"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return False, (f"{name} is not UTF-8 text ({exc.reason} at character {exc.start}: "
+                       f"{value[exc.start]!r}); use plain text")
     return True, ""
 
 

@@ -57,6 +57,15 @@ def _wrong_type(tmp, tr):
                          lambda t: t(data="not a joint state"))])
 
 
+def _golden_settings_list(tmp, tr):
+    """A chunk bag whose settings message is a JSON list, not an object."""
+    from molmoact2_ros.replay.chunkbag import ChunkBagWriter
+
+    writer = ChunkBagWriter(tmp / "listgolden", ["variant", "lp_vtp_sd"])
+    writer.close()
+    return _raw(tmp, tr)
+
+
 def _empty_bag(tmp, tr):
     from rosbags.rosbag2 import StoragePlugin, Writer
 
@@ -124,6 +133,9 @@ REPLAY_CASES = [
      r"golden bag .*nogolden does not exist"),
     ("golden-not-a-chunk-bag", _raw, ["--golden", "{tmp}/obs"],
      r"golden bag .*obs holds no molmoact2_ros/msg/ActionChunk topic; it has /camera"),
+    ("golden-settings-list", _golden_settings_list, ["--golden", "{tmp}/listgolden"],
+     r"golden bag .*listgolden: /molmoact2_replay/settings holds a JSON list; the settings "
+     r"must be an object"),
     ("golden-npz-corrupt", _raw, ["--golden", "{tmp}/bad.npz"],
      r"bad\.npz is not a readable \.npz"),
     ("report-is-a-file", _raw, ["--report", "{tmp}/existing"], r"--report .*existing is a file"),

@@ -77,6 +77,27 @@ def _no_tokenizer(tiny: Path, tmp: Path) -> Path:
     return ckpt
 
 
+def _linked_conventions(tiny: Path, tmp: Path) -> Path:
+    """A bundle whose host/conventions.json (wrong values) is a symlink to a file outside."""
+    dst = _variant_copy(tiny, tmp)
+    conv = dst / "host" / "conventions.json"
+    data = json.loads(conv.read_text())
+    data["padding_side"] = "left" if data["padding_side"] == "right" else "right"
+    (tmp / "outside.json").write_text(json.dumps(data))
+    conv.unlink()
+    conv.symlink_to(tmp / "outside.json")
+    return dst
+
+
+def _linked_host(tiny: Path, tmp: Path) -> Path:
+    """A bundle whose host/ folder is a symlink to a folder outside it."""
+    dst = _variant_copy(tiny, tmp)
+    shutil.move(dst / "host", tmp / "outside_host")
+    (dst / "host").symlink_to(tmp / "outside_host")
+    (tmp / "outside_host" / "conventions.json").unlink()
+    return dst
+
+
 T = "{tiny}"  # the tiny bundle root
 # (case id, argv with {tiny}/{made}/{tmp} placeholders, maker for {made}, expected message)
 CASES = [
@@ -177,6 +198,10 @@ CASES = [
     ("replay --set bad value", ["replay", "bag", "--bundle-root", T, "--instruction", "x",
                                 "--set", "rate_hz=fast"], None,
      "--set rate_hz='fast': expected float"),
+    ("conventions --write through a symlinked file", ["conventions", "{made}", "--write"],
+     _linked_conventions, "conventions.json is a symlink (to "),
+    ("conventions --write into a symlinked host folder", ["conventions", "{made}", "--write"],
+     _linked_host, "host is a symlink (to "),
     ("replay missing bundle root", ["replay", "bag", "--bundle-root", "{tmp}/nowhere",
                                     "--instruction", "x"], None, "nowhere does not exist"),
 ]
@@ -243,3 +268,14 @@ def test_every_numeric_option_has_a_documented_range():
         at = text.rindex("  " + option + " ")  # the option's entry, after the usage line
         entry = " ".join(text[at:].split("\n  -", 1)[0].split())
         assert "(range: " in entry, (command, option, entry)
+
+
+def test_conventions_write_never_writes_outside_the_bundle(tiny_root, tmp_path):
+    made = _linked_conventions(tiny_root, tmp_path)
+    before = (tmp_path / "outside.json").read_bytes()
+    assert main(["conventions", str(made), "--write"]) == 2
+    assert (tmp_path / "outside.json").read_bytes() == before
+    assert (made / "host" / "conventions.json").is_symlink()
+    host = _linked_host(tiny_root, tmp_path / "h")
+    assert main(["conventions", str(host), "--write"]) == 2
+    assert not (tmp_path / "h" / "outside_host" / "conventions.json").exists()
