@@ -98,6 +98,9 @@ class Controller(SettingsControl):
     # -- lifecycle -----------------------------------------------------------------------------
     def configure(self) -> None:
         """Validate settings, load the runtime and warm it up. Raises MolmoActError."""
+        from ..host.jit import switched_off
+
+        switched_off()  # a MOLMOACT2_NUMBA value that is not on/off fails configure, named
         with self._lock:
             ok, reason = validate_changes(dict(self.settings.values), self.settings)
             if not ok:

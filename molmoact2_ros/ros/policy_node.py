@@ -44,7 +44,7 @@ from ..control.stamps import CLOCK_JUMP_BACK_S, CLOCK_JUMP_FORWARD_S
 from ..control.sync import ApproxTimeSync
 from ..control.topics import subscription_topics
 from ..errors import MolmoActError
-from ..host.image_header import check_image_side
+from ..host.image_header import check_image_area
 from ..host.images import decode_compressed, decode_image
 from ..host.state import state_from_joint_state, state_from_pose
 from .common import NODE_NAME, TICK_PERIOD_S, _duration, _RosLogHandler, _stamp_ns, new_executor
@@ -257,7 +257,7 @@ class PolicyNode(Node):
         max_side = self.controller.settings["max_image_side_px"]
         if isinstance(msg, CompressedImage):
             return decode_compressed(msg.format, bytes(msg.data), max_side_px=max_side)
-        check_image_side(msg.width, msg.height, max_side, "Image")
+        check_image_area(msg.width, msg.height, max_side, "Image")
         if self._bridge is not None and msg.encoding in ("rgb8", "bgr8", "rgba8", "bgra8",
                                                          "mono8"):
             try:

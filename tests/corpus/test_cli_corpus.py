@@ -279,3 +279,39 @@ def test_conventions_write_never_writes_outside_the_bundle(tiny_root, tmp_path):
     host = _linked_host(tiny_root, tmp_path / "h")
     assert main(["conventions", str(host), "--write"]) == 2
     assert not (tmp_path / "h" / "outside_host" / "conventions.json").exists()
+
+
+@pytest.mark.parametrize("value", ["banana", "2", "of", "enable"])
+def test_numba_switch_refuses_anything_but_on_off_words(value, tiny_root, monkeypatch, capsys):
+    """Like MOLMOACT2_APPBUILDER: a typo is refused in one line, never silently 'on'."""
+    from molmoact2_ros.host.jit import switched_off
+
+    monkeypatch.setenv("MOLMOACT2_NUMBA", value)
+    assert main(["conventions", str(tiny_root / "grid_sampler")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [err.strip()] and "Traceback" not in err
+    assert f"MOLMOACT2_NUMBA={value!r}: use one of 1, on, true, yes" in err
+    with pytest.raises(Exception, match="MOLMOACT2_NUMBA"):
+        switched_off()
+
+
+@pytest.mark.parametrize("value,off", [("", False), ("1", False), ("ON", False),
+                                       (" yes ", False), ("true", False), ("0", True),
+                                       ("Off", True), ("false", True), ("no", True)])
+def test_numba_switch_accepts_the_usual_words(value, off, monkeypatch):
+    from molmoact2_ros.host.jit import switched_off
+
+    monkeypatch.setenv("MOLMOACT2_NUMBA", value)
+    assert switched_off() is off
+
+
+def test_numba_switch_typo_fails_configure(tiny_root, monkeypatch):
+    from controller_fakes import Rig
+
+    from molmoact2_ros.errors import MolmoActError
+
+    monkeypatch.setenv("MOLMOACT2_NUMBA", "banana")
+    rig = Rig(tiny_root)
+    with pytest.raises(MolmoActError, match="MOLMOACT2_NUMBA='banana'"):
+        rig.ctl.configure()
+    assert rig.ctl.policy is None
