@@ -198,33 +198,31 @@ time.sleep(600)
 
 
 def test_no_orphans_when_the_orchestrator_dies(control, tiny_root):
-    """SIGKILL (no cleanup possible), SIGTERM (handlers installed), SIGINT (atexit path)."""
-    procs = {
-        sig: subprocess.Popen(
+    """SIGKILL (no cleanup possible), SIGTERM (handlers installed), SIGINT (atexit path).
+
+    One orchestrator at a time (three loading 18 workers at once on 2 busy cores is what
+    ran out of time), each signalled once its workers are up, and every wait a condition
+    with a generous bound: the assertion is that the workers go, not how fast."""
+    for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
+        proc = subprocess.Popen(
             [sys.executable, "-c", _ORCHESTRATOR, str(tiny_root / "lp_vtp_sd")],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
         )
-        for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
-    }
-    try:
-        pids = []
-        for sig, proc in procs.items():
-            workers = [int(p) for p in proc.stdout.readline().split()]
-            assert len(workers) == 6
-            pids += workers
+        try:
+            workers = [int(p) for p in proc.stdout.readline().split()]  # after they loaded
+            assert len(workers) == 6, sig
             proc.send_signal(sig)
-        for sig, proc in procs.items():
             # an unhandled KeyboardInterrupt re-raises SIGINT after the atexit hooks ran
-            assert proc.wait(30) == -sig
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and not all(process_gone(p) for p in pids):
-            time.sleep(0.1)
-        assert all(process_gone(p) for p in pids), "workers outlived their orchestrator"
-    finally:
-        for proc in procs.values():
-            proc.kill()
+            assert proc.wait(300) == -sig
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and not all(process_gone(p) for p in workers):
+                time.sleep(0.1)
+            assert all(process_gone(p) for p in workers), f"workers outlived {sig!r}"
+        finally:
+            if proc.poll() is None:
+                proc.kill()
             proc.wait()
             proc.stdout.close()
 

@@ -193,6 +193,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     def on_published(out, log_ns: int) -> None:
         if state["writer"] is not None:
             state["writer"].write(out, log_ns)
+            if state["writer"].count == 1:  # the run is producing: say so once, right away
+                print(f"recording to {args.record}: first chunk written", flush=True)
 
     with _Signals() as signals:
         try:
