@@ -109,7 +109,7 @@ class Rig:
     def observe(self, offset_ns: int = 0) -> None:
         self.ctl.on_observation(IMAGES, STATE, self.clock.now + offset_ns)
 
-    def wait_published(self, n: int, timeout_s: float = 5.0) -> bool:
+    def wait_published(self, n: int, timeout_s: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout_s
         while len(self.published) < n and time.monotonic() < deadline:
             time.sleep(0.005)
