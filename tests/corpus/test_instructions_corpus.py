@@ -1,4 +1,5 @@
-"""Bad instructions: reserved model tokens (named), empty, not a string, too long."""
+"""Bad instructions: reserved model tokens (every added token of the tokenizer), text that is
+not UTF-8, empty, not a string, too long."""
 
 from __future__ import annotations
 
