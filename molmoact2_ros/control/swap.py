@@ -4,7 +4,8 @@ Every change goes through ``validate``/``apply`` (or ``request``, both at once) 
 ``Controller._lock`` is held, so a batch is checked and applied against the same settings.
 During a swap ``settings`` already holds the target configuration; live changes made meanwhile
 are handed to the new sessions when they are up, reload changes and instructions are refused
-with a reason (an instruction can only be checked against the variant once it is loaded).
+with a reason. Before a reload starts, the instruction is checked against the prompt files of
+the variant it will load; a mixed batch is split by kind (configure-time values wait).
 """
 
 from __future__ import annotations
