@@ -6,50 +6,62 @@ DEMO ?= .cache/demo
 TASK ?= put both the alphabet soup and the tomato sauce in the basket
 BIN := $(VENV)/bin
 
-.PHONY: install bundle demo test lint clean
+.PHONY: help install bundle demo test lint docs clean
+.DEFAULT_GOAL := help
+
+# Each stage prints one "== make:" line, then only what its command prints (pip stays quiet).
+
+help: ## list the targets
+	@echo "make TARGET (everything goes into $(VENV)/ and .cache/; no ROS, NPU or weights needed):"
+	@awk -F':.*## ' '/^[a-z]+:.*## / {printf "  %-9s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(BIN)/molmoact2: setup.py
-	@echo "== make: installing molmoact2_ros into $(VENV) with its test extra (numpy, tokenizers,"
-	@echo "   tqdm, pillow, opencv, numba, onnxruntime, onnx, rosbags, safetensors, matplotlib,"
-	@echo "   pytest, ruff); the first time takes 1-2 min"
+	@echo "== make: install: molmoact2_ros and its test extra into $(VENV) (1-2 min the first time)"
 	@start=$$(date +%s); \
 	$(PYTHON) -m venv $(VENV) && \
 	$(BIN)/python -m pip install --quiet --upgrade pip && \
-	$(BIN)/python -m pip install -e '.[test]' && \
+	$(BIN)/python -m pip install --quiet -e '.[test]' && \
 	echo "== make: installed in $$(( $$(date +%s) - start )) s"
-	touch $@
+	@touch $@
 
-install: $(BIN)/molmoact2
+install: $(BIN)/molmoact2 ## create the virtual environment with the package and its test extra
 
 $(BUNDLE)/.stamp: $(BIN)/molmoact2 $(wildcard molmoact2_ros/synth/*.py)
-	@echo "== make: writing the tiny synthetic bundles to $(BUNDLE)"
-	rm -rf $(BUNDLE)
-	$(BIN)/molmoact2 tiny-bundle $(BUNDLE)
-	touch $@
+	@echo "== make: bundle: the tiny synthetic bundles into $(BUNDLE)"
+	@rm -rf $(BUNDLE)
+	@$(BIN)/molmoact2 tiny-bundle $(BUNDLE)
+	@touch $@
 
-bundle: $(BUNDLE)/.stamp
+bundle: $(BUNDLE)/.stamp ## write the tiny synthetic bundles (random weights, real interfaces)
 
-demo: bundle
+demo: bundle ## run every variant, check parity, replay a bag against a golden chunk bag
 	@echo "== make: demo: every variant's pipeline on its sample observation"
-	$(BIN)/molmoact2 demo $(BUNDLE)
+	@$(BIN)/molmoact2 demo $(BUNDLE)
 	@echo "== make: parity: every session and trace against the goldens"
-	$(BIN)/molmoact2 parity $(BUNDLE)
+	@$(BIN)/molmoact2 parity $(BUNDLE)
 	@echo "== make: replay: record a golden chunk bag from a JPEG bag, then check a replay against it"
-	mkdir -p $(DEMO)
-	$(BIN)/molmoact2 trace-to-bag $(BUNDLE)/grid_sampler/golden/e2e_trace.npz $(DEMO)/obs_bag \
+	@mkdir -p $(DEMO)
+	@$(BIN)/molmoact2 trace-to-bag $(BUNDLE)/grid_sampler/golden/e2e_trace.npz $(DEMO)/obs_bag \
 		--frames 6 --compressed jpeg --force
-	$(BIN)/molmoact2 replay $(DEMO)/obs_bag --bundle-root $(BUNDLE) --variant grid_sampler \
+	@$(BIN)/molmoact2 replay $(DEMO)/obs_bag --bundle-root $(BUNDLE) --variant grid_sampler \
 		--set compressed_images=true --instruction "$(TASK)" --seed 7 \
 		--record $(DEMO)/golden_bag --force
-	$(BIN)/molmoact2 replay $(DEMO)/obs_bag --bundle-root $(BUNDLE) --set compressed_images=true \
+	@$(BIN)/molmoact2 replay $(DEMO)/obs_bag --bundle-root $(BUNDLE) --set compressed_images=true \
 		--golden $(DEMO)/golden_bag --report $(DEMO)/report --force
 	@echo "== make: demo done: every variant ran on its sample observation, passed parity and replayed against a golden bag"
 
-lint: install
-	$(BIN)/ruff check .
+lint: install ## ruff over the repository
+	@echo "== make: lint: ruff check ."
+	@$(BIN)/ruff check .
 
-test: lint bundle
-	MOLMOACT2_TINY_BUNDLE=$(abspath $(BUNDLE)) $(BIN)/python -m pytest -q
+test: lint bundle ## lint, then the whole test suite on the tiny bundles (what CI runs)
+	@echo "== make: test: pytest (tests that need ROS 2 skip without it)"
+	@MOLMOACT2_TINY_BUNDLE=$(abspath $(BUNDLE)) $(BIN)/python -m pytest -q
 
-clean:
-	rm -rf $(VENV) .cache .pytest_cache .ruff_cache
+docs: install ## regenerate docs/parameters.md from the parameter table
+	@echo "== make: docs: docs/parameters.md from control/params.py"
+	@$(BIN)/python -m molmoact2_ros.control.params_doc docs/parameters.md
+
+clean: ## remove the virtual environment and .cache
+	@echo "== make: clean: $(VENV) .cache .pytest_cache .ruff_cache"
+	@rm -rf $(VENV) .cache .pytest_cache .ruff_cache

@@ -148,6 +148,12 @@ class Policy:
         self.plan(instruction)
         self.instruction = instruction
 
+    @property
+    def action_type(self) -> str:
+        """``delta`` when the bundle's control mode is a delta one (LIBERO: "delta
+        end-effector pose"), else ``absolute`` (execution.action_type=bundle reads this)."""
+        return "delta" if "delta" in self.norm_stats.control_mode.lower() else "absolute"
+
     def set_flow_steps(self, steps: int) -> None:
         self.flow_steps = check_flow_steps(steps)
 
@@ -203,7 +209,8 @@ class Policy:
             x_n = self.pipeline.run_action(x0, self.flow_steps)
         else:
             prefix, weights = self.guidance_arrays(guidance)
-            x_n = self.pipeline.run_action(x0, self.flow_steps, prefix, weights)
+            x_n = self.pipeline.run_action(x0, self.flow_steps, prefix, weights,
+                                           guidance.method, guidance.beta)
         t4 = time.perf_counter()
         v = self.variant
         normalized = np.array(x_n[0, : v.horizon, : v.action_dim], dtype=np.float32)

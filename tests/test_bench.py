@@ -18,7 +18,15 @@ def test_bench_prints_every_row_and_a_verdict_per_target(tmp_path, capsys):
     code = main(["bench", "--variants", "lp_vtp_sd", "--chunks", "3", "--naive-chunks", "1",
                  "--json", str(out_json)])
     assert code == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
+    steps = [line.split(" (")[0] for line in captured.err.splitlines()
+             if line.startswith("bench [")]  # stderr is a pipe here: one line per step
+    assert steps == ["bench [1/6] preprocess", "bench [2/6] controller", "bench [3/6] replay",
+                     "bench [4/6] node", "bench [5/6] rss", "bench [6/6] runtime lp_vtp_sd"]
+    last = out.splitlines()[-1]
+    assert last.startswith("bench: ") and " targets met, " in last
+    assert last.endswith(f"; wrote {out_json}") and "variants lp_vtp_sd" in last
     assert "(a) resident shm total" in out and "(b) naive pipes total" in out
     assert "(b)/(a) overhead ratio" in out and "RSS (a)" in out and "floor plain copy" in out
     assert "== verdicts" in out and "controller overhead" in out

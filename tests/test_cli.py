@@ -181,8 +181,8 @@ def test_doctor_resolves_a_root_and_says_does_not_exist(tiny_root, tmp_path, cap
     assert main(["doctor", str(tmp_path / "empty")]) == 1
     out = capsys.readouterr().out
     assert "FAIL  bundle" in out and "holds no bundle" in out
-    assert main(["doctor", str(tmp_path / "nowhere")]) == 1
-    assert "does not exist" in capsys.readouterr().out
+    assert main(["doctor", str(tmp_path / "nowhere")]) == 2
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_doctor_checks_every_variant_of_a_root(tiny_root, monkeypatch, capsys):

@@ -244,11 +244,11 @@ def test_chunk_consumed_trigger(rig):
     ctl._wake.clear()
     ctl.on_observation(IMAGES, np.zeros(8), clock.now)
     ctl.process_pending()
-    ctl.latency_estimate_s = 0.2  # measured inference latency
-    clock.now += int(0.25e9)  # 10 x 0.05 s chunk: 0.25 s left > 0.2 s
+    ctl.latency_estimate_s = 0.2  # measured inference latency (+ execution.overlap_s 0.1)
+    clock.now += int(0.15e9)  # 10 x 0.05 s chunk: 0.35 s left > 0.3 s
     ctl.tick()
     assert not ctl._wake.is_set()
-    clock.now += int(0.06e9)  # 0.19 s left <= 0.2 s: start the next inference
+    clock.now += int(0.06e9)  # 0.29 s left <= 0.3 s: start the next inference
     ctl.tick()
     assert ctl._wake.is_set()
 

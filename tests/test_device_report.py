@@ -44,10 +44,15 @@ def test_report_over_the_fake_is_complete(tiny_root, tmp_path, monkeypatch, caps
 
 
 def test_report_without_qai_appbuilder_says_what_was_not_run(tiny_root, tmp_path,
-                                                             monkeypatch):
+                                                             monkeypatch, capsys):
     monkeypatch.delenv("PYTHONPATH", raising=False)
     out = tmp_path / "report.md"
     assert main(["device-report", str(tiny_root / "grid_sampler"), "--out", str(out)]) == 1
+    steps = [line.rsplit(" (", 1)[0] for line in capsys.readouterr().err.splitlines()
+             if line.startswith("device-report [")]  # one status line per step on a pipe
+    assert steps == ["device-report [1/3] machine checks",
+                     "device-report [2/3] grid_sampler (fp16): load, parity, latency",
+                     "device-report [3/3] grid_sampler _w4a16: load, parity, latency"]
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["platform"]["qai_appbuilder"].startswith("not importable")
     for section in report["sections"]:

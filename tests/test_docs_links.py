@@ -1,4 +1,5 @@
-"""README and docs/ point only at files in the repository; code cites only docs that exist."""
+"""README, the other top-level documents and docs/ point only at files in the repository and at
+headings that exist; the README stays short; code cites only docs that exist."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = sorted((REPO / "docs").glob("*.md"))
+TOP = [REPO / name for name in ("README.md", "CONTRIBUTING.md", "CHANGELOG.md")]
+README_MAX_LINES = 200
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 MD_NAME = re.compile(r"(?<![\w/.-])([\w./-]*\w\.md)\b")
 #: Markdown files the package writes (device-report's output), not documents to follow.
@@ -19,18 +22,43 @@ def _resolves(name: str, base: Path) -> bool:
     return any((root / name).is_file() for root in (base, REPO, REPO / "docs"))
 
 
-@pytest.mark.parametrize("doc", [REPO / "README.md", *DOCS], ids=lambda p: p.name)
-def test_links_point_to_files_in_the_repository(doc):
+def _anchors(doc: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    anchors, fenced = set(), False
+    for line in doc.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+@pytest.mark.parametrize("doc", [*TOP, *DOCS], ids=lambda p: p.name)
+def test_links_point_to_files_and_headings_in_the_repository(doc):
     text = doc.read_text(encoding="utf-8")
     bad = []
     for target in LINK.findall(text):
-        if target.startswith(("http://", "https://", "#")):
+        if target.startswith(("http://", "https://")):
             continue
-        path = target.split("#")[0]
-        if path.startswith("/") or not (doc.parent / path).resolve().is_relative_to(REPO) \
-                or not (doc.parent / path).exists():
+        path, _, anchor = target.partition("#")
+        file = (doc.parent / path) if path else doc
+        if path.startswith("/") or not file.resolve().is_relative_to(REPO) or not file.exists():
             bad.append(target)
-    assert not bad, f"{doc.name} links to files outside the repository: {bad}"
+        elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+            bad.append(f"{target} (no such heading)")
+    assert not bad, f"{doc.name} links to what the repository does not hold: {bad}"
+
+
+def test_readme_is_short_and_links_every_doc():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    lines = text.count("\n")
+    assert lines <= README_MAX_LINES, (
+        f"README.md has {lines} lines; keep it at most {README_MAX_LINES} and move the detail "
+        "into docs/")
+    links = set(LINK.findall(text))
+    missing = [d.name for d in DOCS if f"docs/{d.name}" not in links]
+    assert not missing, f"add these to the README's More list: {missing}"
 
 
 def test_the_four_maintainer_docs_exist_and_readme_links_them():
@@ -42,7 +70,7 @@ def test_the_four_maintainer_docs_exist_and_readme_links_them():
 
 
 def _sources() -> list[Path]:
-    files = [REPO / "README.md", REPO / "CMakeLists.txt", *DOCS]
+    files = [*TOP, REPO / "CMakeLists.txt", *DOCS]
     for folder in ("molmoact2_ros", "tests", "launch"):
         files += sorted((REPO / folder).rglob("*.py"))
     return [f for f in files if "fake_qai_appbuilder" not in f.parts or f.suffix == ".py"]

@@ -29,10 +29,11 @@ def test_without_qai_appbuilder_fails_cleanly(tiny_root, monkeypatch, capsys):
     assert "SKIP  contexts load" in out and "PASS  context action_step" in out
 
 
-def test_missing_bundle_is_a_fail_line(tmp_path, capsys):
-    assert main(["doctor", str(tmp_path / "nowhere"), "--variant", "fused"]) == 1
+def test_missing_bundle_path_is_bad_input(tmp_path, capsys):
+    """A path that does not exist is a typo, not a machine problem: one line, exit 2."""
+    assert main(["doctor", str(tmp_path / "nowhere"), "--variant", "fused"]) == 2
     out, err = capsys.readouterr()
-    assert "FAIL  bundle" in out and "Traceback" not in out + err
+    assert out == "" and "does not exist" in err and "Traceback" not in err
 
 
 def test_with_the_fake_everything_but_the_hardware_passes(tiny_root, monkeypatch, capsys):

@@ -55,12 +55,12 @@ def _controller(tmp_path, changes, latency_ns=120 * MS):
         (tmp_path / v).mkdir(exist_ok=True)
     settings = Settings().with_changes(
         {**{f"bundle.{v}": str(tmp_path / v) for v in VARIANTS}, "instruction": "task",
-         **changes})
+         "execution.start": "observation", **changes})
     clock = Clock()
     policy = TimedPolicy(clock, latency_ns)
     published = []
     ctl = Controller(settings, publish=published.append, policy_factory=lambda s: policy,
-                     clock_ns=clock)
+                     clock_ns=clock, monotonic_ns=clock)
     ctl.configure()
     ctl.activate(worker=False)
     return ctl, clock, policy, published
@@ -116,10 +116,10 @@ def test_chunk_consumed_counts_from_the_observation_stamp(tmp_path):
     ctl, clock, _, _ = _controller(tmp_path, {"trigger": "chunk_consumed"}, latency_ns=100 * MS)
     _observe(ctl, clock, 0)  # runs from now - 100 ms, ends 400 ms after now
     ctl._wake.clear()
-    clock.now += 250 * MS  # 150 ms left > latency estimate 100 ms
+    clock.now += 150 * MS  # 250 ms left > latency estimate 100 ms + overlap 100 ms
     ctl.tick()
     assert not ctl._wake.is_set()
-    clock.now += 60 * MS  # 90 ms left
+    clock.now += 60 * MS  # 190 ms left
     ctl.tick()
     assert ctl._wake.is_set()
 

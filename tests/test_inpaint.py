@@ -40,12 +40,25 @@ def flow(request):
     return _step(request.param), x0, pad, conv, prefix
 
 
+@pytest.mark.parametrize("method", ["pull", "pigdm"])
 @pytest.mark.parametrize("steps", [1, 3, 10])
-def test_zero_weights_are_bit_identical_to_no_inpainting(flow, steps):
+def test_zero_weights_are_bit_identical_to_no_inpainting(flow, steps, method):
     step, x0, pad, conv, prefix = flow
     plain = run_flow(step, x0, pad, steps, conv)
-    zero = run_flow(step, x0, pad, steps, conv, prefix, np.zeros(T, np.float32))
+    zero = run_flow(step, x0, pad, steps, conv, prefix, np.zeros(T, np.float32), method)
     assert plain.tobytes() == zero.tobytes()
+
+
+@pytest.mark.parametrize("steps", [2, 10])
+def test_pigdm_guidance_moves_the_masked_rows_towards_the_prefix(flow, steps):
+    step, x0, pad, conv, prefix = flow
+    weights = inpaint_weights(3, 7, T)
+    plain = run_flow(step, x0, pad, steps, conv)
+    out = run_flow(step, x0, pad, steps, conv, prefix, weights, "pigdm", 5.0)
+    for row in range(5):
+        assert (np.abs(out[0, row] - prefix[0, row]).sum()
+                < np.abs(plain[0, row] - prefix[0, row]).sum())
+    assert np.all(out[..., 7:] == 0)
 
 
 @pytest.mark.parametrize("steps", [1, 2, 10])
@@ -55,8 +68,9 @@ def test_weight_one_reproduces_the_prefix_exactly(flow, steps):
     plain = run_flow(step, x0, pad, steps, conv)
     out = run_flow(step, x0, pad, steps, conv, prefix, weights)
     np.testing.assert_array_equal(out[:, :3], prefix[:, :3])
-    # partially weighted rows move towards the prefix, padded dims stay zero; after the first
-    # step (at t = 0 the pull target is x0 itself) unweighted rows feel it through the field
+    # partially weighted rows move towards the prefix, padded dims stay zero; the pulls start
+    # after the first step (at t = 0 the pull target is x0 itself, so a pull there would only
+    # add float rounding), so with one step the unweighted rows 7.. are bit-identical
     for row in (3, 4):
         assert (np.abs(out[0, row] - prefix[0, row]).sum()
                 < np.abs(plain[0, row] - prefix[0, row]).sum())
@@ -91,8 +105,9 @@ def test_policy_with_zero_guidance_matches_the_plain_chunk(tiny_root):
                 g.prefix[:5], g.weights, 3, 7))
 
 
+@pytest.mark.parametrize("method", ["pull", "pigdm"])
 def test_htp_worker_loop_and_in_process_loop_give_the_same_inpainted_chunk(
-        tiny_root, monkeypatch):
+        tiny_root, monkeypatch, method):
     pytest.importorskip("onnxruntime")
     ensure_contexts(tiny_root)
     fake_env(monkeypatch)
@@ -101,13 +116,14 @@ def test_htp_worker_loop_and_in_process_loop_give_the_same_inpainted_chunk(
     chunks = {}
     for backend in ("onnx", "htp"):
         with Policy.load(tiny_root / "grid_sampler", backend=backend) as policy:
-            guidance = _guidance(policy, np.random.default_rng(6))
+            g = _guidance(policy, np.random.default_rng(6))
+            guidance = InpaintGuidance(g.prefix, g.weights, 3, 7, method, 5.0)
             want = policy.norm_stats.action.normalize(guidance.prefix)
             obs = _observation(trace)
             chunks[backend] = policy.predict(obs, noise=noise, guidance=guidance)
             chunks[backend + "_plain"] = policy.predict(obs, noise=noise)
-            # weight-1 rows land exactly on the prefix in either loop
-            np.testing.assert_array_equal(chunks[backend].actions_normalized[:3], want[:3])
+            if method == "pull":  # weight-1 rows land exactly on the prefix in either loop
+                np.testing.assert_array_equal(chunks[backend].actions_normalized[:3], want[:3])
     # the same chunk from both loops (the fake runs fp16 I/O like the NPU: same tolerance as
     # the end-to-end HTP test), and the guidance really reached the worker
     np.testing.assert_allclose(chunks["htp"].actions, chunks["onnx"].actions, atol=2e-2)

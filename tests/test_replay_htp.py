@@ -29,6 +29,7 @@ def test_onnx_golden_passes_on_the_htp_worker_code(tiny_root, tmp_path, monkeypa
     assert rc == 0, out + err
     assert "compared 3 of 3 golden chunks: 3 passed, 0 failed, 0 missing, 0 extra" in out
     assert "cosine >= 0.999," in out  # the fp16 tolerances are the htp default
+    assert "htp (qai_appbuilder: test fake)" in out  # the summary says what ran
     assert "settings differ" not in out  # the backend is not a compared setting
     assert Snapshot.take().leaks_since(before) == []
 

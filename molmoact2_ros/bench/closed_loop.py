@@ -1,11 +1,18 @@
 """``molmoact2 bench --closed-loop``: blend strategies measured on a simulated robot, ROS-free.
 
-A kinematic robot samples the published chunks at the control rate with the timing rules of
-ros2_control's joint_trajectory_controller (linear interpolation between points, the zero stamp
-= start at the first sample, hold the last point); the real ``Controller`` runs the policy
-asynchronously on a virtual clock with a configured latency (+ jitter) and the chunk_consumed
-trigger; the scene's observation depends on where the robot is. Reports per strategy and
-latency the largest/mean jump at chunk switches, mean jerk, waiting time and tracking error.
+The real ``Controller`` runs the policy asynchronously on a virtual clock with a configured
+latency (+ jitter) and the chunk_consumed trigger; the scene's observation depends on where
+the robot is. Two robots: ``tracking`` follows the published JointTrajectory (absolute targets,
+delta chunks integrated from the observed pose) with the timing rules of ros2_control's
+joint_trajectory_controller (linear interpolation between points, the zero stamp = start at
+the first sample, hold the last point); ``integrating`` applies each delta row as its step on
+its tick and stops (zero step) when no row is due, as LIBERO's OSC_POSE controller is driven.
+
+Judged over the whole run from t = 0 (a robot that never moves cannot score well): the largest
+tick-to-tick change of what the robot is commanded (tracking: its target position; integrating:
+its step, i.e. its velocity), jerk of the executed path, time with nothing to execute, target
+error, and intent error against the *unguided* sample from the same noise. ``hold`` is a
+baseline that keeps executing the old chunk over the whole overlap.
 """
 
 from __future__ import annotations
@@ -15,9 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..control.controller import Controller, Published
+from ..control.controller import Controller, Published, trajectory_targets
 from ..control.params import Settings
-from .closed_loop_scene import ACTION_DIM, Scene
+from .closed_loop_scene import ACTION_DIM, DELTA_UNIT_M, Scene
+
+ROBOTS = ("tracking", "integrating")
+#: strategies: execution.blend values, ``pigdm`` (inpaint with the ΠGDM guidance) and
+#: ``hold`` (blend none, the robot keeps the old chunk until it ends: a baseline)
+STRATEGIES = ("none", "crossfade", "ensemble", "inpaint", "pigdm", "hold")
 
 MS = 1_000_000
 
@@ -73,7 +85,7 @@ class TrajectoryFollower:
         times = (np.arange(out.actions.shape[0]) + 1) * period_ns
         if out.trajectory_stamp_ns and out.trajectory_stamp_ns + times[-1] < arrived_ns:
             return False
-        self.points, self.times_ns = out.actions.astype(np.float64), times
+        self.points, self.times_ns = trajectory_targets(out).astype(np.float64), times
         self.stamp_ns, self.start_ns = out.trajectory_stamp_ns, None
         self.sequence = out.sequence
         return True
@@ -102,20 +114,60 @@ class TrajectoryFollower:
         return self.command, False
 
 
+class DeltaRobot:
+    """The integrating robot: on each tick the row of the newest started chunk due then is its
+    step (metres = ``DELTA_UNIT_M`` per unit on x, y, z); zero when no row is due (stop)."""
+
+    def __init__(self, pose: np.ndarray, hold_old: bool = False) -> None:
+        self.pose = np.asarray(pose, np.float64).copy()
+        self.chunks: list[tuple[int, int, np.ndarray, int]] = []  # start, period, rows, seq
+        self.hold_old = hold_old
+        self.sequence = 0
+        self.step = np.zeros_like(self.pose)
+
+    def accept(self, out: Published, arrived_ns: int) -> bool:
+        period_ns = int(round(out.settings["control_period_s"] * 1e9))
+        self.chunks.append((int(out.start_ns), period_ns, out.actions.astype(np.float64),
+                            out.sequence))
+        del self.chunks[:-2]
+        return True
+
+    def sample(self, now_ns: int) -> tuple[np.ndarray, bool]:
+        """Apply this tick's step; returns (the step in metres, whether nothing was due)."""
+        row = None
+        # newest first; hold: oldest first, so the old chunk runs until its end
+        for start, period, rows, seq in (self.chunks if self.hold_old else self.chunks[::-1]):
+            i = -(-(now_ns - start) // period) - 1  # row i covers (start + i·P, start + (i+1)·P]
+            if 0 <= i < len(rows):
+                row, self.sequence = rows[i], seq
+                break
+            if i >= len(rows) and not self.hold_old:
+                break  # the newest chunk has played out: stop
+        step = np.zeros_like(self.pose)
+        if row is not None:
+            step[:6] = row[:6] * DELTA_UNIT_M
+            self.pose[6] = row[6]
+        self.pose[:6] += step[:6]
+        self.step = step
+        return step, row is None
+
+
 @dataclass
 class RunResult:
-    """Metrics of one closed-loop run (action units; times in seconds)."""
+    """Metrics of one closed-loop run over the whole run from t = 0 (metres, seconds)."""
 
     policy: str
+    robot: str
+    action_type: str
     start: str
     blend: str
     latency_ms: float
+    horizon: int
+    seed: int
     switches: int
-    max_jump: float
-    mean_jump: float
-    mean_step: float
     max_step: float
     mean_jerk: float
+    max_jerk: float
     waiting_s: float
     intent_error: float
     target_error: float
@@ -128,100 +180,156 @@ class Trace:
     times_s: np.ndarray
     commands: np.ndarray
     switch_ticks: list[int]
-    chunks: list[tuple[np.ndarray, np.ndarray]]  # (due times s, raw actions) per chunk
+    chunks: list[tuple[np.ndarray, np.ndarray]]  # (due times s, raw rows) per chunk
+
+
+def _intended(out: Published, unguided: np.ndarray) -> Published:
+    """The same published chunk with the unguided sample's rows (its intent)."""
+    from dataclasses import replace
+
+    return replace(out, actions=np.asarray(unguided, np.float32))
 
 
 def run_closed_loop(policy, *, blend: str, start: str, latency_ms: float, jitter_ms: float = 0.0,
                     duration_s: float = 10.0, period_s: float = 0.05, seed: int = 0,
-                    overlap_s: float = 0.25,
+                    overlap_s: float = 0.1, robot: str = "tracking",
                     scene: Scene | None = None, name: str = "synthetic"):
-    """One run: returns (RunResult, Trace)."""
+    """One run: returns (RunResult, Trace). ``blend`` is one of ``STRATEGIES``."""
+    if robot not in ROBOTS:
+        raise ValueError(f"robot={robot!r}; choose one of {', '.join(ROBOTS)}")
     scene = scene or Scene()
     clock = SimClock()
     timed = _Timed(policy, clock, latency_ms, jitter_ms, seed)
+    action_type = getattr(policy, "action_type", "absolute")
+    if robot == "integrating" and action_type != "delta":
+        raise ValueError("the integrating robot needs delta chunks")
     settings = Settings().with_changes({
         "bundle.grid_sampler": ".", "instruction": "track the target", "trigger": "chunk_consumed",
         "control_period_s": period_s, "max_observation_age_s": 3600.0,
-        "execution.start": start, "execution.blend": blend, "execution.overlap_s": overlap_s,
+        "execution.start": start, "execution.overlap_s": overlap_s,
+        "execution.blend": {"pigdm": "inpaint", "hold": "none"}.get(blend, blend),
+        "execution.inpaint_method": "pigdm" if blend == "pigdm" else "pull",
     })
     inflight: list[Published] = []
     ctl = Controller(settings, publish=inflight.append, policy_factory=lambda s: timed,
-                     clock_ns=clock)
+                     clock_ns=clock, monotonic_ns=clock)
     ctl.configure()
     ctl.activate(worker=False)
     timed.running = True
     period_ns = int(round(period_s * 1e9))
-    robot = TrajectoryFollower(np.zeros(ACTION_DIM))
-    raw: list[tuple[int, np.ndarray]] = []  # (start ns, raw chunk) of every accepted chunk
-    commands, waiting, intent_err, target_err, switch_ticks = [], [], [], [], []
+    hold = blend == "hold"
+    follower = (TrajectoryFollower(np.zeros(ACTION_DIM)) if robot == "tracking"
+                else DeltaRobot(np.zeros(ACTION_DIM), hold_old=hold))
+    intent = (TrajectoryFollower(np.zeros(ACTION_DIM)) if robot == "tracking"
+              else DeltaRobot(np.zeros(ACTION_DIM)))
+    held: list[Published] = []  # hold baseline (tracking robot): chunks waiting for the old end
+    unguided = getattr(policy, "unguided", {})
+    commands, poses, waiting, intent_err, target_err, switch_ticks = [], [], [], [], [], []
     chunks: list[tuple[np.ndarray, np.ndarray]] = []
-    started = False
-    for k in range(int(round(duration_s / period_s))):
+    pose = np.zeros(ACTION_DIM)
+    steps_total = int(round(duration_s / period_s))
+    for k in range(steps_total):
         now = k * period_ns
         clock.now = now
-        previous = robot.sequence
+        previous = follower.sequence
         if inflight and inflight[0].ready_ns <= now:
             out = inflight.pop(0)
-            if robot.accept(out, out.ready_ns):
-                raw.append((out.start_ns, out.chunk.actions.astype(np.float64)))
+            raw = unguided.pop(int(out.chunk.observation_stamp_ns), None)
+            intended = out if raw is None else _intended(out, raw)
+            if hold and robot == "tracking" and follower.points is not None:
+                held.append(out)
+            elif follower.accept(out, out.ready_ns):
+                intent.accept(intended, out.ready_ns)
                 due = (out.start_ns + (np.arange(len(out.actions)) + 1) * period_ns) / 1e9
                 chunks.append((due, out.chunk.actions))
-        command, idle = robot.sample(now)
-        if robot.sequence != previous and previous:
-            switch_ticks.append(len(commands))
-        started = started or robot.points is not None
-        if started:
-            commands.append(command.copy())
-            waiting.append(idle)
-            if raw:
-                s0, rows = raw[-1]
-                i = int(np.clip(round((now - s0) / period_ns) - 1, 0, len(rows) - 1))
-                intent_err.append(np.linalg.norm(command - rows[i]))
-            target_err.append(np.linalg.norm(command[:2] - scene.target(now / 1e9)[:2]))
+        if held and follower.start_ns is not None \
+                and now >= follower.start_ns + follower.times_ns[-1]:
+            out = held[-1]  # the old chunk has ended: the newest waiting one takes over
+            held.clear()
+            if follower.accept(out, now):
+                intent.accept(out, now)
+        command, idle = follower.sample(now)
+        wanted, _ = intent.sample(now)
+        if follower.sequence != previous and previous:
+            switch_ticks.append(k)
+        if robot == "tracking":
+            pose = command.copy()
+        else:
+            pose = follower.pose.copy()
+        commands.append(np.asarray(command, np.float64).copy())
+        poses.append(pose)
+        waiting.append(idle)
+        intent_err.append(np.linalg.norm(np.asarray(command)[:3] - np.asarray(wanted)[:3]))
+        target_err.append(np.linalg.norm(pose[:2] - scene.target(now / 1e9)[:2]))
         if not inflight:
             ctl.tick()
             if ctl._wake.is_set():
                 ctl._wake.clear()
-                obs = scene.observe(now, command)
+                obs = scene.observe(now, pose)
                 ctl.on_observation(obs.images, obs.state, now)
                 ctl.process_pending()
                 clock.now = now
     ctl.shutdown()
-    cmd = np.asarray(commands)
+    cmd = np.asarray(commands)[:, :3]
+    path = np.asarray(poses)[:, :3]
     steps = np.linalg.norm(np.diff(cmd, axis=0), axis=1) if len(cmd) > 1 else np.zeros(1)
-    # a switch's jump: the larger of the command steps into the switch tick and the next one
-    # (a zero-stamped trajectory reaches its first point over two control cycles)
-    jumps = np.array([steps[i - 1:i + 1].max() for i in switch_ticks if 0 < i <= len(steps)]
-                     or [0.0])
-    jerk = np.diff(cmd, n=3, axis=0) / period_s**3 if len(cmd) > 3 else np.zeros((1, 1))
+    jerk = (np.linalg.norm(np.diff(path, n=3, axis=0), axis=1) / period_s**3
+            if len(path) > 3 else np.zeros(1))
     result = RunResult(
-        policy=name, start=start, blend=blend, latency_ms=latency_ms,
-        switches=len(switch_ticks), max_jump=float(np.max(jumps)),
-        mean_jump=float(np.mean(jumps)), mean_step=float(np.mean(steps)),
-        max_step=float(np.max(steps)), mean_jerk=float(np.mean(np.linalg.norm(jerk, axis=1))),
+        policy=name, robot=robot, action_type=action_type, start=start, blend=blend,
+        latency_ms=latency_ms, horizon=int(getattr(policy, "horizon", 0)), seed=seed,
+        switches=len(switch_ticks), max_step=float(np.max(steps)),
+        mean_jerk=float(np.mean(jerk)), max_jerk=float(np.max(jerk)),
         waiting_s=float(np.sum(waiting) * period_s),
-        intent_error=float(np.mean(intent_err)) if intent_err else 0.0,
-        target_error=float(np.mean(target_err)) if target_err else 0.0,
+        intent_error=float(np.mean(intent_err)), target_error=float(np.mean(target_err)),
     )
-    times = np.arange(len(cmd)) * period_s + (k + 1 - len(cmd)) * period_s
-    return result, Trace(times, cmd, switch_ticks, chunks)
+    times = np.arange(len(cmd)) * period_s
+    return result, Trace(times, np.asarray(poses), switch_ticks, chunks)
+
+
+@dataclass
+class Summary:
+    """One strategy over several seeds: mean and standard deviation of each metric."""
+
+    key: tuple
+    runs: list[RunResult]
+
+    def stat(self, name: str) -> tuple[float, float]:
+        values = np.array([getattr(r, name) for r in self.runs], np.float64)
+        return float(values.mean()), float(values.std())
+
+
+def summarise(results: list[RunResult]) -> list[Summary]:
+    """Group runs that differ only in their seed."""
+    groups: dict[tuple, list[RunResult]] = {}
+    for r in results:
+        key = (r.policy, r.robot, r.action_type, r.start, r.horizon, r.latency_ms, r.blend)
+        groups.setdefault(key, []).append(r)
+    return [Summary(k, v) for k, v in groups.items()]
 
 
 def format_table(results: list[RunResult]) -> str:
-    head = (f"{'policy':<10} {'start':<11} {'blend':<9} {'lat ms':>6} {'switch':>6} "
-            f"{'max jump':>9} {'mean jump':>9} {'/none':>6} {'step':>7} {'max step':>8} "
-            f"{'jerk':>7} "
-            f"{'wait s':>7} {'intent':>7} {'target':>7}")
+    """Mean ± standard deviation over seeds; ``/none`` is the largest step against none's."""
+    summaries = summarise(results)
+    head = (f"{'robot':<11} {'start':<8} {'H':>3} {'lat ms':>6} {'blend':<9} {'seeds':>5} "
+            f"{'max step mm':>13} {'/none':>5} {'jerk m/s3':>11} {'wait s':>11} "
+            f"{'target mm':>11} {'intent mm':>11}")
     lines = [head, "-" * len(head)]
-    none = {(r.policy, r.start, r.latency_ms): r.max_jump for r in results if r.blend == "none"}
-    for r in results:
-        ref = none.get((r.policy, r.start, r.latency_ms))
-        ratio = f"{r.max_jump / ref:6.2f}" if ref else f"{'-':>6}"
+    none = {s.key[:-1]: s.stat("max_step")[0] for s in summaries if s.key[-1] == "none"}
+    for s in summaries:
+        _, robot, _, start, horizon, latency, blend = s.key
+        ref = none.get(s.key[:-1])
+        step, step_sd = s.stat("max_step")
+        ratio = f"{step / ref:5.2f}" if ref else f"{'-':>5}"
+        jerk, jerk_sd = s.stat("mean_jerk")
+        wait, wait_sd = s.stat("waiting_s")
+        target, target_sd = s.stat("target_error")
+        intent, intent_sd = s.stat("intent_error")
         lines.append(
-            f"{r.policy:<10} {r.start:<11} {r.blend:<9} {r.latency_ms:6.0f} {r.switches:6d} "
-            f"{r.max_jump:9.4f} {r.mean_jump:9.4f} {ratio} {r.mean_step:7.4f} {r.max_step:8.4f} "
-            f"{r.mean_jerk:7.1f} "
-            f"{r.waiting_s:7.2f} {r.intent_error:7.4f} {r.target_error:7.4f}")
+            f"{robot:<11} {start:<8} {horizon:3d} {latency:6.0f} {blend:<9} {len(s.runs):5d} "
+            f"{step * 1e3:6.2f}±{step_sd * 1e3:<6.2f} {ratio} {jerk:5.1f}±{jerk_sd:<5.1f} "
+            f"{wait:5.2f}±{wait_sd:<5.2f} {target * 1e3:5.1f}±{target_sd * 1e3:<5.1f} "
+            f"{intent * 1e3:5.2f}±{intent_sd * 1e3:<5.2f}")
     return "\n".join(lines)
 
 
@@ -238,10 +346,6 @@ def write_plot(traces: dict[str, Trace], path: Path, title: str, window_s: tuple
     lo, hi = window_s
     for ax, (blend, trace) in zip(axes, traces.items()):
         keep = (trace.times_s >= lo) & (trace.times_s <= hi)
-        for due, rows in trace.chunks:
-            inside = (due >= lo) & (due <= hi)
-            if inside.any():
-                ax.plot(due[inside], rows[inside, 0], color="0.75", lw=0.8)
         ax.plot(trace.times_s[keep], trace.commands[keep, 0], color="C0", lw=1.8,
                 label="executed x")
         for i in trace.switch_ticks:
@@ -249,7 +353,6 @@ def write_plot(traces: dict[str, Trace], path: Path, title: str, window_s: tuple
                 ax.axvline(trace.times_s[i], color="C3", lw=0.6, alpha=0.7)
         ax.set_ylabel("x (m)")
         ax.set_title(f"blend={blend}", fontsize=9, loc="left")
-    axes[0].plot([], [], color="0.75", label="raw chunks (as predicted)")
     axes[0].plot([], [], color="C3", lw=0.6, label="chunk switch")
     axes[0].legend(loc="upper right", fontsize=7, ncol=3)
     axes[-1].set_xlabel("time (s)")

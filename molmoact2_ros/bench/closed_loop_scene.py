@@ -5,7 +5,9 @@ The synthetic policy samples its chunk with the package's own ``run_flow`` from 
 velocity field of a Gaussian over chunks (mean: the tracking plan; covariance: a random offset
 shared by all rows plus a smooth wiggle). Like a real flow policy, two chunks from nearby
 observations differ, so switches jump unless they are reconciled; and rows are correlated, so
-inpainting the first rows moves the rest consistently.
+inpainting the first rows moves the rest consistently. With ``action_type="delta"`` (LIBERO's
+kind) the same Gaussian is mapped to per-tick steps in controller units (``DELTA_UNIT_M``
+metres per unit) and sampled there, so inpainting works on the steps as the real model does.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..bundle.conventions import Conventions
 from ..host.flow import InpaintGuidance, run_flow
 from ..policy import ActionChunk, Observation
 
+DELTA_UNIT_M = 0.05  # LIBERO OSC_POSE: metres per action unit
 IMAGE_PX = 64
 VIEW_M = 0.25  # the camera sees x, y in [-VIEW_M, VIEW_M]
 ACTION_DIM = 7
@@ -29,7 +32,7 @@ class Scene:
     """A target moving on a Lissajous path in x, y; the robot is a 7-D commanded pose."""
 
     amplitude_m: tuple[float, float] = (0.15, 0.10)
-    period_s: tuple[float, float] = (4.0, 3.0)
+    period_s: tuple[float, float] = (10.0, 7.5)
 
     def target(self, t_s: float) -> np.ndarray:
         ax, ay = self.amplitude_m
@@ -76,7 +79,9 @@ class TargetTrackingPolicy:
     """Synthetic smooth tracking policy with the ``Policy`` interface (predict with guidance).
 
     Plan: row i = p + (g − p)·(1 − exp(−(i+1)·period/τ)) for the target g seen in the image
-    and the robot p in the state. Sample: ``run_flow`` over the Gaussian's exact velocity field.
+    and the robot p in the state. Sample: ``run_flow`` over the Gaussian's exact velocity field;
+    delta chunks are the plan's differences (from p) in units of ``DELTA_UNIT_M``. With
+    guidance the unguided sample from the same noise is kept in ``unguided[stamp]``.
     """
 
     variant_name = "synthetic"
@@ -92,16 +97,31 @@ class TargetTrackingPolicy:
         offset_sigma_m: float = 0.02,
         wiggle_sigma_m: float = 0.01,
         tau_s: float = 0.3,
+        action_type: str = "absolute",
+        inpaint_method: str | None = None,
     ) -> None:
         self.horizon, self.period_s, self.flow_steps = horizon, period_s, flow_steps
-        self.scale_m, self.tau_s = scale_m, tau_s
+        self.action_type = action_type
+        self.inpaint_method = inpaint_method  # overrides the guidance's method (bench)
+        self.tau_s = tau_s
         self._rng = np.random.default_rng(seed)
         rows = np.arange(horizon, dtype=np.float64)
         wiggle = np.exp(-0.5 * ((rows[:, None] - rows[None, :]) / 4.0) ** 2)
-        self.cov = ((offset_sigma_m / scale_m) ** 2 * np.ones((horizon, horizon))
-                    + (wiggle_sigma_m / scale_m) ** 2 * wiggle + 1e-6 * np.eye(horizon))
+        if action_type == "delta":  # steps: a bias shared by all rows plus a smooth wiggle,
+            # sized so that their sum over the chunk spreads as the absolute plan's offset
+            cov_m = ((offset_sigma_m / horizon) ** 2 * np.ones((horizon, horizon))
+                     + (wiggle_sigma_m / horizon) ** 2 * wiggle)
+            scale_m = DELTA_UNIT_M
+        else:
+            cov_m = (offset_sigma_m ** 2 * np.ones((horizon, horizon))
+                     + wiggle_sigma_m ** 2 * wiggle)
+        self.scale_m = scale_m  # metres per normalised flow unit
+        #: published rows per flow unit: metres (absolute) or controller units (delta: 1)
+        self.action_scale = 1.0 if action_type == "delta" else scale_m
+        self.cov = cov_m / scale_m**2 + 1e-6 * np.eye(horizon)
         self._pad = np.zeros((1, ACTION_DIM), np.float32)
         self._conv = Conventions(euler_in_graph=False)
+        self.unguided: dict[int, np.ndarray] = {}
 
     def plan_mean(self, obs: Observation) -> np.ndarray:
         """The noise-free tracking plan [H, 7] (metres)."""
@@ -112,7 +132,12 @@ class TargetTrackingPolicy:
         goal[:2] = locate_target(obs.images[0])
         times = (np.arange(self.horizon) + 1) * self.period_s
         alpha = 1.0 - np.exp(-times / self.tau_s)
-        return p[None, :] + alpha[:, None] * (goal - p)[None, :]
+        plan = p[None, :] + alpha[:, None] * (goal - p)[None, :]
+        if self.action_type == "delta":  # steps from p; the gripper stays absolute
+            steps = np.diff(np.concatenate([p[None, :], plan]), axis=0)
+            steps[:, 6] = plan[:, 6] * self.scale_m
+            return steps
+        return plan
 
     def velocity(self, mean_n: np.ndarray):
         """``step(x, t)``: E[x1 − x0 | x_t] for x1 ~ N(mean, cov) per dim, x0 ~ N(0, I)."""
@@ -132,13 +157,19 @@ class TargetTrackingPolicy:
         shape = (1, self.horizon, ACTION_DIM)
         x0 = (self._rng.standard_normal(shape) if noise is None else noise).astype(np.float32)
         prefix = weights = None
+        method, beta = "pull", 5.0
         if guidance is not None:
-            prefix = (np.asarray(guidance.prefix, np.float32) / self.scale_m)[None]
+            prefix = (np.asarray(guidance.prefix, np.float32) / self.action_scale)[None]
             weights = np.asarray(guidance.weights, np.float32)
-        x = run_flow(self.velocity(mean_n), x0, self._pad, self.flow_steps, self._conv,
-                     prefix, weights)
+            method, beta = self.inpaint_method or guidance.method, guidance.beta
+        step = self.velocity(mean_n)
+        x = run_flow(step, x0, self._pad, self.flow_steps, self._conv, prefix, weights,
+                     method, beta)
         normalized = x[0].astype(np.float32)
-        actions = (normalized * self.scale_m).astype(np.float32)
+        actions = (normalized * self.action_scale).astype(np.float32)
+        if guidance is not None:
+            plain = run_flow(step, x0, self._pad, self.flow_steps, self._conv)
+            self.unguided[int(obs.stamp_ns)] = (plain[0] * self.action_scale).astype(np.float32)
         return ActionChunk(actions, normalized, self.variant_name, self.flow_steps,
                            obs.stamp_ns, "track the target", {"total": 0.0})
 

@@ -13,7 +13,7 @@ from ..errors import MolmoActError
 from ..host.jit import switched_off as numba_switched_off
 from ..runtime.appbuilder import CHOICES as APPBUILDER_CHOICES
 from ..runtime.appbuilder import ENV as APPBUILDER_ENV
-from ..runtime.appbuilder import use_test_fake
+from ..runtime.appbuilder import check_installed_for_htp, use_test_fake
 from .args import HelpFormatter, Parser
 
 #: Modules with a ``register(subparsers)`` function, each adding its command(s).
@@ -89,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.appbuilder == "fake":
             print(f"qai_appbuilder: test fake ({use_test_fake()})", file=sys.stderr)
+        if getattr(args, "backend", None) == "htp":
+            check_installed_for_htp()
         return int(args.func(args) or 0)
     except MolmoActError as exc:
         print(f"error: {exc}", file=sys.stderr)

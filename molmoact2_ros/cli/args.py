@@ -42,6 +42,11 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
+def example(*commands: str) -> str:
+    """The ``example:`` epilog every command's ``--help`` ends with (one or more command lines)."""
+    return "example:\n" + "\n".join(f"  {c}" for c in commands)
+
+
 def _number(kind: Callable, text: str):
     try:
         value = kind(text)

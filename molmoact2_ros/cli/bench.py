@@ -9,19 +9,22 @@ import argparse
 import json
 import os
 import platform
+import time
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from ..bench.closed_loop import format_table, run_closed_loop, write_plot
+from ..bench.closed_loop import ROBOTS, STRATEGIES, format_table, run_closed_loop, write_plot
 from ..bench.closed_loop_scene import TargetTrackingPolicy
 from ..bench.runtime import HOST_REPEATS, bench_variant, format_record
+from ..bundle.bundle import resolve_bundles
 from ..bundle.variants import VARIANTS
-from ..control.execution import BLENDS, START_MODES
+from ..control.execution import START_MODES
 from ..control.params import MAX_FLOW_STEPS, SEED_MAX
+from ..util.optional import require
 from ..util.progress import counter
-from .args import check_paths, float_in, int_in
+from .args import check_paths, example, float_in, int_in
 
 
 def _load() -> list[float]:
@@ -40,6 +43,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench.verdicts import format_verdicts, verdicts
 
     names = args.variants or list(VARIANTS)
+    started = time.perf_counter()
     load_start = _load()
     print(f"molmoact2 bench on {platform.machine()} ({os.cpu_count()} CPUs), "
           f"python {platform.python_version()}, numpy {np.__version__}; "
@@ -63,6 +67,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     load_end = _load()
     print(format_verdicts(results))
     print(f"load average at the end {load_end}")
+    wrote = ""
     if args.json:
         payload = {
             "machine": {"arch": platform.machine(), "cpus": os.cpu_count(),
@@ -73,16 +78,32 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "verdicts": results,
         }
         Path(args.json).write_text(json.dumps(payload, indent=2))
-        print(f"wrote {args.json}")
+        wrote = f"; wrote {args.json}"
+    print(summary_line(results, names, time.perf_counter() - started) + wrote)
     return 0
+
+
+def summary_line(results: list[dict], names: list[str], seconds: float) -> str:
+    """The closing line: how many targets were met, which were missed, what ran, how long."""
+    met = [r for r in results if r["verdict"] == "meets"]
+    missed = [r["target"] for r in results if r["verdict"] == "misses"]
+    skipped = [r for r in results if r["verdict"] == "skipped"]
+    return (f"bench: {len(met)}/{len(results)} targets met, {len(missed)} missed"
+            + (f" ({'; '.join(missed)})" if missed else "")
+            + f", {len(skipped)} skipped; variants {', '.join(names)}; {seconds:.0f} s")
 
 
 def register(subparsers) -> None:
     """Add ``molmoact2 bench`` to the CLI."""
     p = subparsers.add_parser(
         "bench", help="the host's critical path: preprocessing, embedding, controller, replay, "
-        "runtime overhead vs its memory floor and a naive design (null sessions)"
-    )
+        "runtime overhead vs its memory floor and a naive design (null sessions)",
+        description="Time everything the host does per chunk around the NPU, on null sessions "
+        "with the real tensor sizes,\neach comparison in the same loop, and end with one "
+        "verdict per target and a summary line.\n--closed-loop instead simulates a robot "
+        "executing chunks and compares the execution.blend strategies.",
+        epilog=example("molmoact2 bench --variants lp_vtp_sd --chunks 20 --json bench.json",
+                       "molmoact2 bench --closed-loop --bundle-root .cache/tiny-bundle"))
     p.add_argument("--variants", nargs="*", choices=list(VARIANTS),
                    help="variants to bench (default: all)")
     p.add_argument("--chunks", type=int_in(1, 100_000), default=50,
@@ -97,50 +118,73 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-def make_policy(kind: str, args: argparse.Namespace, seed: int):
+def make_policy(kind: str, args: argparse.Namespace, seed: int, horizon: int,
+                folder: Path | None = None):
     if kind == "synthetic":
-        return TargetTrackingPolicy(args.horizon, args.period_ms / 1e3, seed=seed)
+        return TargetTrackingPolicy(horizon, args.period_ms / 1e3, seed=seed,
+                                    action_type=args.action_type)
     from ..policy import Policy
 
-    return Policy.load(Path(args.bundle_root) / args.variant, backend="onnx",
-                       instruction="track the target", seed=seed)
+    return Policy.load(folder, kind, backend="onnx", instruction="track the target", seed=seed)
 
 
 def cmd_closed_loop(args: argparse.Namespace) -> int:
+    # refuse bad input before a run of minutes: the bundle path and the plot's matplotlib
+    bundles = dict(resolve_bundles(Path(args.bundle_root), args.variant)) if args.bundle_root \
+        else {}
+    if args.plot:
+        require("matplotlib", "bench --closed-loop --plot")
+    started = time.perf_counter()
     results, plots = [], {}
-    kinds = ["synthetic"] + (["tiny"] if args.bundle_root else [])
+    kinds = ["synthetic", *bundles]
+    robots = [r for r in args.robots if r == "tracking" or args.action_type == "delta"]
     for kind in kinds:
-        for start in args.start:
-            for latency in args.latencies_ms:
-                traces = {}
-                for blend in args.blends:
-                    policy = make_policy(kind, args, args.seed)
-                    try:
-                        result, trace = run_closed_loop(
-                            policy, blend=blend, start=start, latency_ms=latency,
-                            jitter_ms=args.jitter_ms, duration_s=args.duration_s,
-                            period_s=args.period_ms / 1e3, seed=args.seed, name=kind,
-                            overlap_s=args.overlap_ms / 1e3)
-                    finally:
-                        policy.close()
-                    results.append(result)
-                    traces[blend] = trace
-                plots[(kind, start, latency)] = traces
+        horizons = args.horizons if kind == "synthetic" else [0]
+        for robot in robots:
+            for horizon in horizons:
+                for start in args.start:
+                    for latency in args.latencies_ms:
+                        traces = {}
+                        for blend in args.blends:
+                            for seed in range(args.seed, args.seed + args.seeds):
+                                policy = make_policy(kind, args, seed, horizon,
+                                                     bundles.get(kind))
+                                try:
+                                    result, trace = run_closed_loop(
+                                        policy, blend=blend, start=start, latency_ms=latency,
+                                        jitter_ms=args.jitter_ms, duration_s=args.duration_s,
+                                        period_s=args.period_ms / 1e3, seed=seed, name=kind,
+                                        overlap_s=args.overlap_ms / 1e3, robot=robot)
+                                finally:
+                                    policy.close()
+                                results.append(result)
+                                if seed == args.seed:
+                                    traces[blend] = trace
+                        plots[(kind, robot, horizon, start, latency)] = traces
     print(f"closed loop: {args.duration_s:g} s per run, control period {args.period_ms:g} ms, "
           f"latency jitter ±{args.jitter_ms:g} ms, trigger chunk_consumed with "
-          f"execution.overlap_s={args.overlap_ms / 1e3:g}; synthetic horizon "
-          f"{args.horizon}; jumps/steps in action units (m), jerk in m/s³")
+          f"execution.overlap_s={args.overlap_ms / 1e3:g}; {args.action_type} chunks of "
+          f"{', '.join(str(h) for h in args.horizons)} rows; mean ± sd over {args.seeds} seeds, "
+          "whole run from t = 0; max step: largest tick-to-tick change of the command "
+          "(tracking: target position, integrating: its step), jerk of the executed path, "
+          "intent against the unguided sample from the same noise")
     print(format_table(results), flush=True)
     if args.plot:
-        key = ("synthetic", args.start[0], args.plot_latency_ms)
+        first = ("synthetic", robots[0], args.horizons[0], args.start[0])
+        key = first + (args.plot_latency_ms,)
         if key not in plots:
-            key = ("synthetic", args.start[0], args.latencies_ms[0])
-        write_plot(plots[key], Path(args.plot), f"synthetic policy, start={key[1]}, "
-                   f"latency {key[2]:g} ms ± {args.jitter_ms:g}", (3.0, 6.0))
+            key = first + (args.latencies_ms[0],)
+        write_plot(plots[key], Path(args.plot), f"synthetic policy, {key[1]} robot, "
+                   f"H={key[2]}, start={key[3]}, latency {key[4]:g} ms ± {args.jitter_ms:g}",
+                   (3.0, 6.0))
         print(f"wrote {args.plot}")
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=2))
         print(f"wrote {args.json}")
+    print(f"bench --closed-loop: {len(results)} runs ({', '.join(kinds)}; strategies "
+          f"{', '.join(args.blends)}; start {', '.join(args.start)}; latencies "
+          f"{', '.join(f'{x:g}' for x in args.latencies_ms)} ms) in "
+          f"{time.perf_counter() - started:.0f} s")
     return 0
 
 
@@ -153,21 +197,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=[100, 300, 600, 900], help="inference latencies to simulate")
     g.add_argument("--jitter-ms", type=float_in(0.0, 60_000.0), default=30.0,
                    help="uniform latency jitter, plus or minus")
-    g.add_argument("--blends", nargs="+", choices=BLENDS, default=list(BLENDS),
-                   help="execution.blend strategies to compare")
-    g.add_argument("--start", nargs="+", choices=START_MODES, default=["receipt"],
+    g.add_argument("--blends", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
+                   help="strategies: execution.blend values, pigdm (inpaint with ΠGDM "
+                   "guidance), hold (keep the old chunk over the overlap: a baseline)")
+    g.add_argument("--start", nargs="+", choices=START_MODES, default=["auto"],
                    help="execution.start modes to compare")
+    g.add_argument("--robots", nargs="+", choices=ROBOTS, default=list(ROBOTS),
+                   help="tracking (follows the JointTrajectory) and/or integrating (applies "
+                   "delta rows)")
+    g.add_argument("--action-type", choices=("delta", "absolute"), default="delta",
+                   help="what the synthetic policy's rows are (LIBERO: delta)")
     g.add_argument("--duration-s", type=float_in(0.0, 3600.0, low_open=True), default=20.0,
                    help="simulated seconds per run")
     g.add_argument("--period-ms", type=float_in(0.0, 10_000.0, low_open=True), default=50.0,
                    help="control period of the simulated robot")
-    g.add_argument("--overlap-ms", type=float_in(0.0, 10_000.0), default=250.0,
+    g.add_argument("--overlap-ms", type=float_in(0.0, 10_000.0), default=100.0,
                    help="execution.overlap_s: chunk left when the next one arrives")
-    g.add_argument("--horizon", type=int_in(1, 1000), default=20,
-                   help="synthetic policy chunk rows")
-    g.add_argument("--seed", type=int_in(0, SEED_MAX), default=0, help="scene and policy seed")
-    g.add_argument("--bundle-root", help="also run the tiny bundle (folder with one per variant)")
-    g.add_argument("--variant", default="grid_sampler", help="variant of --bundle-root to run")
+    g.add_argument("--horizons", type=int_in(1, 1000), nargs="+", default=[10, 20],
+                   help="synthetic policy chunk rows (LIBERO: 10)")
+    g.add_argument("--seed", type=int_in(0, SEED_MAX), default=0,
+                   help="first scene and policy seed")
+    g.add_argument("--seeds", type=int_in(1, 1000), default=3,
+                   help="seeds per strategy (the table gives mean ± sd)")
+    g.add_argument("--bundle-root", help="also run a bundle: a variant's folder, or a root with "
+                   "one folder per variant (resolved as every command resolves BUNDLE)")
+    g.add_argument("--variant", choices=list(VARIANTS),
+                   help="the variant of --bundle-root to run (default: every variant found)")
     g.add_argument("--plot", help="write the actions-around-switches plot (PNG; matplotlib)")
     g.add_argument("--plot-latency-ms", type=float_in(0.0, 60_000.0), default=300.0,
                    help="the latency whose run the plot shows")

@@ -221,6 +221,9 @@ def cmd_conventions(args: argparse.Namespace) -> int:
             written.append(target)
             findings = check_conventions(bundle)
         ok &= all(f.verdict != MISMATCH for f in findings)
+        open_choices = unverified(findings) if findings else list(UNREADABLE)
+        print(f"{name}: not verifiable from the goldens (keep conventions.json's values and "
+              f"check them by hand): {', '.join(open_choices)}")
     verdict = "every convention the goldens show matches" if ok else "MISMATCH (see above)"
     fix = "" if ok or args.write else "; repair with: molmoact2 conventions --write " + args.bundle
     print(f"conventions: {', '.join(names)}: {verdict}"
@@ -230,13 +233,16 @@ def cmd_conventions(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     """Add ``molmoact2 conventions`` to the CLI."""
-    from .args import add_bundle_args
+    from .args import add_bundle_args, example
 
     p = subparsers.add_parser(
         "conventions", help="read the host-glue conventions off the goldens; compare or repair",
         description="Read each host-glue choice off the bundle's golden files and compare it "
         "with host/conventions.json.\nExit 1 on any MISMATCH; --write repairs the file from "
-        "the goldens and shows the diff.")
+        "the goldens and shows the diff. The choices no golden shows are listed as not\n"
+        "verifiable: check them by hand against the checkpoint's code.",
+        epilog=example("molmoact2 conventions /data/molmoact2/grid_sampler",
+                       "molmoact2 conventions /data/molmoact2/grid_sampler --write"))
     add_bundle_args(p)
     p.add_argument("--write", action="store_true",
                    help="rewrite host/conventions.json with what the goldens show (prints the "

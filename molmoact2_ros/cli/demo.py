@@ -67,13 +67,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     """Add ``molmoact2 demo`` to the CLI."""
-    from .args import add_backend_arg, add_bundle_args, int_in
+    from .args import add_backend_arg, add_bundle_args, example, int_in
 
     p = subparsers.add_parser(
         "demo", help="run the pipeline on the bundle's sample observation, with latencies",
         description="Run the whole pipeline on each variant's sample observation (golden/"
         "e2e_trace.npz) and print\nper-stage latency (median and p95, warm-up excluded) and "
-        "the last de-normalised chunk.")
+        "the last de-normalised chunk.",
+        epilog=example("molmoact2 demo .cache/tiny-bundle --variant lp_vtp_sd --chunks 5"))
     add_bundle_args(p)
     add_backend_arg(p)
     p.add_argument("--chunks", type=int_in(1, 100_000), default=10,

@@ -217,6 +217,16 @@ def build_report(root: Path, chunks: int = MIN_CHUNKS, timeout_s: float = 60.0, 
     )
 
     bundles = resolve_bundles(root)  # the one resolver every command uses
+    from ..bundle.bundle import Bundle
+    from ..util.progress import progress
+
+    plan = [(name, folder, suffix) for name, folder in bundles
+            for suffix in suffixes_in(Bundle.open(folder, name)) or [""]]
+    steps = ["machine checks", *plan, *(["replay"] if bag is not None and golden is not None
+                                        else [])]
+    shown = progress(steps, "device-report", label=lambda s: s if isinstance(s, str) else
+                     f"{s[0]} {s[2] or '(fp16)'}: load, parity, latency")
+    next(shown)
     probe = probe_qai_appbuilder()
     checks = [check_platform(), check_qai(probe), check_qnn_runtime(probe), check_cdsprpc(),
               check_fastrpc_nodes(), check_library_paths(probe)]
@@ -230,15 +240,13 @@ def build_report(root: Path, chunks: int = MIN_CHUNKS, timeout_s: float = 60.0, 
         "replay": {"status": NOT_RUN, "why": "no golden chunk bag given; the end-to-end "
                    "trace comparison in each section stands in for it"},
     }
-    from ..bundle.bundle import Bundle
-
-    for name, folder in bundles:
-        bundle = Bundle.open(folder, name)
-        for suffix in suffixes_in(bundle) or [""]:
+    for step in shown:
+        if step == "replay":
+            report["replay"] = run_replay_check(root, bag, golden, probe)
+        else:
+            name, folder, suffix = step
             report["sections"].append(run_section(name, folder, suffix, probe, chunks,
                                                   timeout_s))
-    if bag is not None and golden is not None:
-        report["replay"] = run_replay_check(root, bag, golden, probe)
     return report
 
 
@@ -339,10 +347,17 @@ def cmd_device_report(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     """Add ``molmoact2 device-report`` to the CLI."""
-    from .args import float_in, int_at_least
+    from .args import example, float_in, int_at_least
 
-    p = subparsers.add_parser("device-report",
-                              help="one Markdown + JSON report of this machine and the bundles")
+    p = subparsers.add_parser(
+        "device-report", help="one Markdown + JSON report of this machine and the bundles",
+        description="For a first run on the board: platform facts, doctor's machine checks, "
+        "then for every variant and\ncontext suffix under BUNDLE_ROOT the load, component and "
+        "end-to-end parity on the HTP and the\nlatency table; with --bag/--golden also a "
+        "replay against a golden chunk bag. One status line per\nstep on stderr (a bar on a "
+        "terminal). Exit 1 if anything that ran failed.",
+        epilog=example("molmoact2 device-report /data/molmoact2 --out report.md",
+                       "molmoact2 --appbuilder fake device-report .cache/tiny-bundle"))
     p.add_argument("bundle_root", help="folder with one bundle per variant, or one bundle")
     p.add_argument("--out", default="device-report.md", help="Markdown file; JSON next to it")
     p.add_argument("--chunks", type=int_at_least(MIN_CHUNKS), default=MIN_CHUNKS,

@@ -317,6 +317,11 @@ def _bundle_checks(bundle, chosen, probe: dict, timeout_s: float, repeats: int) 
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    folder = Path(args.bundle).expanduser()
+    if not folder.exists():  # a typo, not a machine problem: bad input, exit 2
+        raise MolmoActError(f"bundle path {folder} does not exist; give a variant's bundle "
+                            "folder or a root of variant folders (molmoact2 tiny-bundle DIR "
+                            "writes tiny ones)")
     try:
         checks = run_checks(Path(args.bundle), args.variant, dict(args.suffix or []),
                             args.timeout, args.repeats)
@@ -333,9 +338,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     """Add ``molmoact2 doctor`` to the CLI."""
     from ..bundle.variants import VARIANTS
-    from .args import float_in, int_in, parse_suffix
+    from .args import example, float_in, int_in, parse_suffix
 
-    p = subparsers.add_parser("doctor", help="check this machine and a bundle for the HTP runtime")
+    p = subparsers.add_parser(
+        "doctor", help="check this machine and a bundle for the HTP runtime",
+        description="One PASS/FAIL/SKIP line per check, each FAIL with its fix: platform, "
+        "qai_appbuilder and its QNN runtime,\nlibcdsprpc.so and the FastRPC nodes, library "
+        "paths, host kernels, every context file, then in spawned\nworkers each context's "
+        "load and contract, golden parity and latency. Exit 1 if a check fails,\n2 if the "
+        "bundle path does not exist.",
+        epilog=example("molmoact2 doctor /data/molmoact2/grid_sampler",
+                       "molmoact2 --appbuilder fake doctor .cache/tiny-bundle --variant "
+                       "grid_sampler"))
     p.add_argument("bundle", help="a variant's bundle folder, or a root of variant folders "
                    "(every variant found is checked)")
     p.add_argument("--variant", choices=list(VARIANTS),

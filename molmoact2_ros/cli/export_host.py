@@ -205,12 +205,15 @@ def cmd_export_host(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     """Add ``molmoact2 export-host`` to the CLI."""
     from ..bundle.variants import VARIANTS
+    from .args import example
 
     p = subparsers.add_parser(
         "export-host", help="write a bundle's host/ files from the HF checkpoint",
         description="Copy tokenizer.json, write embeddings.npy (float16) and prompt.json from "
         "the checkpoint, and conventions.json\nread off the bundle's goldens. Needs the export "
-        "extra (safetensors).")
+        "extra (safetensors).",
+        epilog=example("molmoact2 export-host /path/to/MolmoAct2-LIBERO-checkpoint "
+                       "/data/molmoact2/grid_sampler"))
     p.add_argument("checkpoint", help="checkpoint folder (tokenizer.json, *.safetensors, "
                    "optionally model.safetensors.index.json and norm_stats.json)")
     p.add_argument("bundle", help="the variant's bundle folder to complete (its host/ is "

@@ -47,13 +47,16 @@ def cmd_parity(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     """Add ``molmoact2 parity`` to the CLI."""
     from ..bundle.golden import DEFAULT_MIN_COSINE
-    from .args import add_backend_arg, add_bundle_args, float_in, parse_suffix
+    from .args import add_backend_arg, add_bundle_args, example, float_in, parse_suffix
 
     p = subparsers.add_parser(
         "parity", help="golden parity per session and end to end",
         description="Feed each session its golden inputs and compare its outputs, then run the "
         "end-to-end traces from the\nraw observation and compare every stage. Exit 0 only if "
-        "every row passes.")
+        "every row passes.",
+        epilog=example("molmoact2 parity .cache/tiny-bundle",
+                       "molmoact2 parity /data/molmoact2/grid_sampler --backend htp --suffix "
+                       "llm=_w4a16"))
     add_bundle_args(p)
     add_backend_arg(p)
     p.add_argument("--min-cosine", type=float_in(0.0, 1.0, low_open=True),

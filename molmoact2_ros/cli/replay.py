@@ -15,8 +15,9 @@ from ..bundle.bundle import bundle_parameters
 from ..bundle.variants import VARIANTS
 from ..control.params import MAX_FLOW_STEPS, SEED_MAX
 from ..errors import MolmoActError
+from ..runtime.appbuilder import describe
 from ..util.progress import counter
-from .args import check_paths, float_in, int_in
+from .args import check_paths, example, float_in, int_in
 
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
@@ -91,8 +92,20 @@ def run_changes(args: argparse.Namespace, golden_settings: dict) -> tuple[dict, 
             changes[key] = value
     changes.setdefault("variant", "grid_sampler")
     changes.setdefault("seed", 0)  # replay is reproducible by default (the node's -1 is random)
-    changes.update(bundle_parameters(args.bundle_root))
-    changes.update(parse_set(args.set or []))
+    folders = bundle_parameters(args.bundle_root)
+    changes.update(folders)
+    overrides = parse_set(args.set or [])
+    changes.update(overrides)
+    variant = changes["variant"]
+    if not changes.get(f"bundle.{variant}"):  # name both variants, not "bundle.<v> is empty"
+        held = ", ".join(k.removeprefix("bundle.") for k in folders)
+        source = ("--set" if "variant" in overrides else "--variant" if args.variant
+                  else "the golden's settings" if "variant" in golden_settings
+                  else "replay's default")
+        raise MolmoActError(
+            f"--bundle-root {args.bundle_root} holds {held}, but this run's variant is "
+            f"{variant} (from {source}); give a root or folder that holds {variant}, or "
+            f"--variant {next(iter(folders)).removeprefix('bundle.')}")
     if not str(changes.get("instruction") or "").strip():
         raise MolmoActError("no instruction: pass --instruction 'put the bowl on the plate' "
                             "(or --golden with a recorded run)")
@@ -181,7 +194,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     def on_active(controller, bag_topics) -> None:
         state["bar"] = counter(bag_topics.total, "replay", unit="msg",
-                               enabled=not args.no_progress)
+                               enabled=not args.no_progress,
+                               every=max(1, -(-bag_topics.total // 10)))
         if args.record:
             prepare_output(Path(args.record), force=True, what="--record bag")
             steps = getattr(controller.policy, "flow_steps", settings.flow_steps())
@@ -211,7 +225,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     steps = result.published[0].chunk.flow_steps if result.published else settings.flow_steps()
     print(f"replayed {args.bag}: {result.messages} messages, {result.synced} synchronised "
           f"observations, {len(result.published)} chunks ({settings['variant']}, "
-          f"{settings['backend']}, {steps} flow steps, seed {settings['seed']})")
+          f"{describe(settings['backend'])}, {steps} flow steps, seed {settings['seed']})")
     for key, count in sorted(result.drops.items()):
         print(f"dropped {count} x {key}: {result.reasons.get(key, key)}")
     summary = None
@@ -266,8 +280,18 @@ def cmd_trace_to_bag(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     """Add the replay and trace-to-bag commands to the ``molmoact2`` parser."""
-    p = sub.add_parser("replay", help="replay a rosbag2 through the node logic (no ROS); "
-                       "record golden chunks or check against them")
+    p = sub.add_parser(
+        "replay", help="replay a rosbag2 through the node logic (no ROS); record golden chunks "
+        "or check against them",
+        description="Run a rosbag2 (sqlite3 or mcap) through the node's own synchroniser and "
+        "controller on the bag's\nclock, one inference per synchronised observation. --record "
+        "writes every chunk and the run's\nsettings to a new bag; --golden matches every chunk "
+        "with the golden's chunk of the same stamp\n(exit 1 on a mismatch). Progress: a bar on "
+        "a terminal, else about ten status lines on stderr.",
+        epilog=example("molmoact2 replay robot_bag --bundle-root /data/molmoact2 --variant "
+                       "grid_sampler --instruction 'put the bowl on the plate' --record golden_bag",
+                       "molmoact2 replay robot_bag --bundle-root /data/molmoact2 --backend htp "
+                       "--golden golden_bag --report report/"))
     p.add_argument("bag", help="rosbag2 folder (or .mcap) with the camera and joint topics")
     p.add_argument("--bundle-root", required=True,
                    help="a root with one folder per variant, or one variant's folder")
@@ -304,10 +328,17 @@ def register(sub) -> None:
                    help="fraction of golden chunks the run must produce")
     p.add_argument("--report", metavar="DIR", help="write summary.json and PNG plots here")
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar or status lines")
     p.set_defaults(func=cmd_replay)
 
-    p = sub.add_parser("trace-to-bag", help="turn a golden trace into a replayable bag")
+    p = sub.add_parser(
+        "trace-to-bag", help="turn a golden trace into a replayable bag",
+        description="Write a rosbag2 holding a golden trace's observation (both cameras and the "
+        "joint state) repeated\n--frames times, raw or compressed, for replay --golden TRACE.npz "
+        "or a first replay without a robot.",
+        epilog=example("molmoact2 trace-to-bag .cache/tiny-bundle/grid_sampler/golden/"
+                       "e2e_trace.npz obs_bag --frames 6 --compressed jpeg"))
     p.add_argument("trace", help="golden/e2e_trace*.npz of a bundle")
     p.add_argument("out", help="new rosbag2 folder to write")
     p.add_argument("--frames", type=int_in(1, 100_000), default=3, help="observations to write")

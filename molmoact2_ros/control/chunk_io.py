@@ -65,6 +65,23 @@ class Published:
     start_ns: int = 0
     trajectory_stamp_ns: int = 0
     first_future_index: int = 0
+    #: ``absolute`` rows are targets; ``delta`` rows are steps the robot integrates
+    action_type: str = "absolute"
+    #: delta: the pose (x, y, z, rx, ry, rz) the trajectory's targets are integrated from
+    base_pose: np.ndarray | None = None
+    #: the timing the chunk runs on: observation or receipt (execution.start=auto picks one)
+    start_mode: str = "observation"
+    #: inpainting: the frozen rows d and the mask the flow loop was given (0 and empty: none)
+    inpaint_frozen_rows: int = 0
+    inpaint_weights: np.ndarray | None = None
+    inpaint_method: str = ""
+
+
+def delta_mask(out: Published) -> np.ndarray | None:
+    """The dims of a published chunk the robot integrates (None for absolute chunks)."""
+    from .execution import delta_dims
+
+    return delta_dims(out.action_type, out.settings["action_names"])
 
 
 def chunk_message_fields(out: Published) -> dict[str, Any]:
@@ -91,18 +108,38 @@ def chunk_message_fields(out: Published) -> dict[str, Any]:
         "inference_latency_ns": int(out.ready_ns - out.received_ns),
         "start_stamp_ns": int(out.start_ns),
         "first_future_index": int(out.first_future_index),
+        "action_type": out.action_type,
+        "start_mode": out.start_mode,
+        "inpaint_method": out.inpaint_method,
+        "inpaint_frozen_rows": int(out.inpaint_frozen_rows),
+        "inpaint_weights": (np.zeros(0, np.float32) if out.inpaint_weights is None
+                            else np.asarray(out.inpaint_weights, np.float32).reshape(-1)),
     }
+
+
+def trajectory_targets(out: Published) -> np.ndarray:
+    """What a trajectory controller follows, [H, D]: absolute rows as they are; delta rows
+    integrated from ``base_pose`` with ``execution.delta_scale`` (gripper as commanded)."""
+    mask = delta_mask(out)
+    if mask is None or out.base_pose is None:
+        return np.asarray(out.actions, np.float64)
+    from .delta import integrate_targets
+
+    scale_m, scale_rad = (float(v) for v in out.settings["execution.delta_scale"])
+    return integrate_targets(out.actions, out.base_pose, mask, scale_m, scale_rad)
 
 
 def trajectory_message_fields(out: Published) -> dict[str, Any]:
     """JointTrajectory of a published chunk as plain values: header stamp (0 = start on
-    receipt), joint names, and per point its positions and ``time_from_start`` (ns)."""
+    receipt), joint names, and per point its positions (``trajectory_targets``: absolute
+    end-effector targets also for delta chunks) and ``time_from_start`` (ns)."""
     period_ns = int(round(out.settings["control_period_s"] * 1e9))
+    targets = trajectory_targets(out)
     return {
         "stamp_ns": int(out.trajectory_stamp_ns),
         "joint_names": list(out.settings["action_names"]),
         "points": [
-            (row.astype(float).tolist(), (i + 1) * period_ns) for i, row in enumerate(out.actions)
+            (row.astype(float).tolist(), (i + 1) * period_ns) for i, row in enumerate(targets)
         ],
     }
 

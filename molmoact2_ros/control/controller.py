@@ -26,8 +26,19 @@ from .chunk_io import (  # noqa: F401  (re-exported: node.py and replay.py impor
     chunk_message_fields,
     load_policy,
     trajectory_message_fields,
+    trajectory_targets,
 )
-from .execution import Executing, blend, chunk_timing, inpaint_guidance
+from .execution import (
+    Executing,
+    LatencyTracker,
+    auto_uses_observation,
+    blend,
+    chunk_timing,
+    delta_dims,
+    inpaint_guidance,
+    resolve_action_type,
+    takeover_reference,
+)
 from .params import Settings, validate_changes
 from .safety import UnsafeChunk, apply_safety
 from .stamps import StampGate, describe_jump
@@ -42,6 +53,8 @@ log = logging.getLogger("molmoact2_ros.control.controller")
 STALL_PERIODS = 10
 #: The shortest expected period the watchdog assumes (on_observation has no period of its own).
 MIN_EXPECTED_PERIOD_S = 0.1
+#: chunks in a row without an overlap (blend set) before diagnostics warn
+NO_OVERLAP_WARN_CHUNKS = 5
 
 
 class Controller(SettingsControl):
@@ -55,13 +68,18 @@ class Controller(SettingsControl):
         policy_factory: PolicyFactory = load_policy,
         clock_ns: Callable[[], int] = time.time_ns,
         on_swap_done: Callable[[bool, str, Settings], None] | None = None,
+        monotonic_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
+        """``clock_ns`` is the node's clock (stamps, due times; it may jump); inference latency
+        is measured on ``monotonic_ns`` (a simulation passes its virtual clock for both)."""
         self.settings = settings
         self.state = UNCONFIGURED
         self.policy: PolicyLike | None = None
         self._publish = publish
         self._factory = policy_factory
         self._clock = clock_ns
+        self._monotonic = monotonic_ns
+        self._latency = LatencyTracker()
         self._on_swap_done = on_swap_done
         self._slot = NewestSlot()
         self._wake = threading.Event()
@@ -89,6 +107,8 @@ class Controller(SettingsControl):
         self._chunk_rows = 0
         self._last_tick_ns = 0
         self._executing: Executing | None = None  # the last published chunk (blending)
+        self._targets: np.ndarray | None = None  # its trajectory targets (delta: integrated)
+        self._no_overlap = 0  # chunks in a row that met nothing to blend with
         self.last_switch: dict[str, Any] = {}
         self._in_past = False  # the last chunk was entirely due when ready (not published)
         self._last_logged: dict[str, float] = {}
@@ -145,6 +165,10 @@ class Controller(SettingsControl):
         self._last_action = None
         self._chunk_started_ns = None
         self._executing = None
+        self._targets = None
+        self._no_overlap = 0
+        self._latency.reset()
+        self.latency_estimate_s = 0.0
         self._stamps.reset()
         self._last_output_ns = self._clock()
         if worker:
@@ -228,6 +252,8 @@ class Controller(SettingsControl):
         self._last_tick_ns = 0
         self._chunk_started_ns = None
         self._last_action = None
+        self._executing = None  # its due times are on the old time line
+        self._targets = None
         log.warning("%s (sim-time reset or bag loop): synchroniser, observation slot and "
                     "triggers reset", self.last_clock_event)
 
@@ -350,6 +376,8 @@ class Controller(SettingsControl):
             return None
         obs, stamp_ns = item
         received = self._clock()
+        received_mono = self._monotonic()
+        jumps_before = self.counts["clock_resets"] + self.counts["clock_jumps_forward"]
         age_s = (received - stamp_ns) / 1e9
         self.last_observation_age_s = age_s
         if age_s > self.settings["max_observation_age_s"]:
@@ -366,6 +394,7 @@ class Controller(SettingsControl):
             if self._pending_live:
                 self._apply_pending_live()
             settings = self.settings
+            action_type = resolve_action_type(settings["execution.action_type"], self.policy)
             try:
                 guidance = self._guidance(settings, stamp_ns, received)
                 if guidance is None:
@@ -386,21 +415,25 @@ class Controller(SettingsControl):
                 if self.health[0] == "error" and self.health[1].startswith("runtime failed"):
                     self._recover()
         ready = self._clock()
-        total_s = (ready - received) / 1e9
-        previous_s = self.latency_estimate_s
-        self.latency_estimate_s = total_s if previous_s == 0 else 0.8 * previous_s + 0.2 * total_s
         period_ns = int(round(settings["control_period_s"] * 1e9))
+        horizon = chunk.actions.shape[0]
+        self._record_latency((self._monotonic() - received_mono) / 1e9, ready - received,
+                             jumps_before, horizon * period_ns / 1e9)
         timing = chunk_timing(settings["execution.start"], chunk.observation_stamp_ns, ready,
-                              period_ns, chunk.actions.shape[0])
-        self._in_past = timing.first_future_index >= chunk.actions.shape[0]
+                              period_ns, horizon,
+                              next_latency_ns=int(self.latency_estimate_s * 1e9),
+                              overlap_ns=int(settings["execution.overlap_s"] * 1e9))
+        self._in_past = timing.first_future_index >= horizon
         if self._in_past:
             self.drops["chunk_in_past"] += 1
             self._log_throttled(logging.WARNING, "chunk_in_past", (
                 f"chunk ready {(ready - timing.start_ns) / 1e9:.3f} s after its observation: "
                 "every action is already due, not published; lower the latency or set "
-                "execution.start=receipt"))
+                "execution.start=auto"))
             return None
-        blended = blend(settings["execution.blend"], chunk.actions, self._executing,
+        mask = delta_dims(action_type, settings["action_names"])
+        prev = None if self._executing is None else self._executing.on_grid(period_ns)
+        blended = blend(settings["execution.blend"], chunk.actions, prev,
                         timing.start_ns, timing.first_future_index,
                         ramp=settings["execution.crossfade_ramp"],
                         decay=settings["execution.ensemble_decay"])
@@ -408,7 +441,8 @@ class Controller(SettingsControl):
         try:
             actions, report = apply_safety(
                 blended.actions, lower=lower, upper=upper, max_step_delta=delta,
-                previous=self._last_action,
+                previous=takeover_reference(prev, timing.start_ns, timing.first_future_index),
+                first_row=timing.first_future_index, delta=mask,
             )
         except UnsafeChunk as exc:
             self.drops["non_finite"] += 1
@@ -417,18 +451,32 @@ class Controller(SettingsControl):
         if report.clamped:
             self.counts["clamped_chunks"] += 1
         self._sequence += 1
-        published = Published(chunk, actions, self._sequence, report, settings, received, ready,
-                              timing.start_ns, timing.trajectory_stamp_ns,
-                              timing.first_future_index)
+        published = Published(
+            chunk, actions, self._sequence, report, settings, received, ready,
+            timing.start_ns, timing.trajectory_stamp_ns, timing.first_future_index,
+            action_type=action_type,
+            base_pose=self._base_pose(obs, prev, timing, action_type),
+            start_mode=timing.mode,
+            inpaint_frozen_rows=0 if guidance is None else int(guidance.frozen_rows),
+            inpaint_weights=None if guidance is None else np.asarray(guidance.weights).copy(),
+            inpaint_method="" if guidance is None else guidance.method)
         self.last_latency_ms = dict(chunk.latency_ms)
         self._last_action = actions[-1].copy()
         self._chunk_started_ns = timing.start_ns
         self._chunk_rows = actions.shape[0]
-        self._executing = Executing(actions.copy(), timing.start_ns, period_ns, blended.counts)
+        self._executing = Executing(actions.copy(), timing.start_ns, period_ns, blended.counts,
+                                    mask)
+        self._targets = trajectory_targets(published) if mask is not None else None
+        overlapped = blended.overlap_rows > 0 or guidance is not None
+        self._no_overlap = 0 if overlapped or prev is None else self._no_overlap + 1
         self.last_switch = {
             "first_future_index": timing.first_future_index,
             "overlap_rows": blended.overlap_rows,
             "boundary_jump": blended.boundary_jump,
+            "start_mode": timing.mode,
+            "inpaint_frozen_rows": published.inpaint_frozen_rows,
+            "inpaint_weights": ("" if guidance is None else
+                                ",".join(f"{w:.3g}" for w in np.asarray(guidance.weights))),
         }
         self.counts["published"] += 1
         self._last_output_ns = ready
@@ -438,13 +486,52 @@ class Controller(SettingsControl):
         return published
 
     def _guidance(self, settings: Settings, stamp_ns: int, received_ns: int):
-        """Inpaint guidance for the next chunk from the executing one (blend=inpaint)."""
+        """Inpaint guidance for the next chunk from the executing one (blend=inpaint), on the
+        timing the chunk is expected to get (auto: decided from the latency estimate)."""
         if settings["execution.blend"] != "inpaint" or self._executing is None:
             return None
-        ready_estimate = received_ns + int(self.latency_estimate_s * 1e9)
-        start = stamp_ns if settings["execution.start"] == "observation" else ready_estimate
+        latency_ns = int(self.latency_estimate_s * 1e9)
+        ready_estimate = received_ns + latency_ns
+        period_ns = int(round(settings["control_period_s"] * 1e9))
         horizon = self._executing.actions.shape[0]  # the same variant: swaps reset _executing
-        return inpaint_guidance(self._executing, start, ready_estimate, horizon)
+        mode = settings["execution.start"]
+        if mode == "auto":
+            mode = "observation" if auto_uses_observation(
+                ready_estimate - stamp_ns, period_ns, horizon, latency_ns,
+                int(settings["execution.overlap_s"] * 1e9)) else "receipt"
+        start = stamp_ns if mode == "observation" else ready_estimate
+        return inpaint_guidance(self._executing, start, ready_estimate, horizon,
+                                period_ns=period_ns,
+                                schedule=settings["execution.inpaint_schedule"],
+                                method=settings["execution.inpaint_method"],
+                                beta=settings["execution.inpaint_beta"])
+
+    def _record_latency(self, monotonic_s: float, clock_ns: int, jumps_before: int,
+                        cap_s: float) -> None:
+        """One latency sample on the monotonic clock; dropped when the node's clock jumped
+        (or went back) during the inference; the estimate is the window's p95 in [0, cap]."""
+        jumped = self.counts["clock_resets"] + self.counts["clock_jumps_forward"] != jumps_before
+        # the node clock disagreeing with the monotonic one by more than a sim-time rate
+        # could explain is a jump seen first here (one inference apart)
+        jumped = jumped or clock_ns < 0 or abs(clock_ns / 1e9 - monotonic_s) > max(
+            1.0, monotonic_s)
+        if jumped or not self._latency.add(monotonic_s):
+            self.counts["latency_samples_dropped"] += 1
+        else:
+            self.latency_estimate_s = self._latency.estimate(cap_s)
+
+    def _base_pose(self, obs, prev: Executing | None, timing, action_type: str):
+        """Delta chunks: the pose their targets are integrated from; the observation's, or on
+        receipt timing the executing chunk's target at the new start (where the robot is
+        meant to be when the new rows begin)."""
+        if action_type != "delta":
+            return None
+        pose = np.asarray(obs.state, np.float64).reshape(-1)[:6].copy()
+        if timing.mode == "receipt" and prev is not None and self._targets is not None:
+            reached = prev.row_offset(timing.start_ns) - 1
+            if reached >= 0:
+                pose = self._targets[min(reached, len(self._targets) - 1), :6].copy()
+        return pose
 
     def _recover(self) -> None:
         """Restart the runtime after a worker failure; the next observation runs on it."""
@@ -486,8 +573,10 @@ class Controller(SettingsControl):
             "runtime_loaded": self.policy is not None,
             "observation_age_s": round(self.last_observation_age_s, 4),
             "latency_estimate_s": round(self.latency_estimate_s, 4),
+            "latency_max_s": round(self._latency.maximum(), 4),
             "execution.start": s["execution.start"],
             "execution.blend": s["execution.blend"],
+            "execution.action_type": s["execution.action_type"],
             **{f"last_switch.{k}": round(v, 6) if isinstance(v, float) else v
                for k, v in self.last_switch.items()},
         }
@@ -517,7 +606,14 @@ class Controller(SettingsControl):
         elif level == "ok" and self._in_past:
             level, message = "warn", (
                 f"the last chunk was entirely due when ready (latency > chunk duration; "
-                f"{self.drops['chunk_in_past']} so far): set execution.start=receipt")
+                f"{self.drops['chunk_in_past']} so far): set execution.start=auto or "
+                "execution.start=receipt")
+        elif level == "ok" and self._no_overlap >= NO_OVERLAP_WARN_CHUNKS \
+                and s["execution.blend"] != "none":
+            level, message = "warn", (
+                f"execution.blend={s['execution.blend']} but the last {self._no_overlap} chunks "
+                "met no executing rows to blend with: raise execution.overlap_s or use "
+                "trigger=chunk_consumed")
         elif level == "ok" and self.drops.get("stale"):
             message = f"{self.drops['stale']} stale observations skipped"
         return {"level": level, "message": message or "running", "values": values}

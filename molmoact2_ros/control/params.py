@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ..bundle.variants import SUFFIX_GROUPS, VARIANTS
-from .execution import BLENDS, RAMPS, START_MODES
+from ..host.flow import INPAINT_METHODS
+from .execution import ACTION_TYPES, BLENDS, RAMPS, SCHEDULES, START_MODES
 
 #: How a change applies: ``live`` on the next chunk, ``reload`` by a background session swap,
 #: ``configure`` only on the next configure transition (topics, QoS, sync).
@@ -38,6 +39,8 @@ class ParamSpec:
     apply: str = LIVE
     int_range: tuple[int, int] | None = None
     float_range: tuple[float, float] | None = None
+    #: a list of exactly this many positive finite numbers
+    float_list: int | None = None
 
 
 def _p(name, default, description, apply=LIVE, **kw) -> ParamSpec:
@@ -82,18 +85,33 @@ PARAMS: tuple[ParamSpec, ...] = (
        float_range=(0.001, 10.0)),
     _p("max_observation_age_s", 0.5, "observations older than this are skipped",
        float_range=(0.0, 3600.0)),
-    _p("execution.start", "observation",
-       "chunk timing: observation (row i due at observation stamp + (i+1) period) | receipt"),
+    _p("execution.start", "auto",
+       "chunk timing: auto (observation while the rows ahead cover the next chunk's latency "
+       "plus the overlap, else receipt) | observation (row i due at observation stamp + "
+       "(i+1) period) | receipt (row i due at receipt + (i+1) period)"),
+    _p("execution.action_type", "bundle",
+       "what a row is: bundle (the policy's control mode; LIBERO: delta) | delta (a step the "
+       "robot integrates; the gripper stays absolute) | absolute (a target)"),
+    _p("execution.delta_scale", [0.05, 0.5],
+       "delta rows: metres and radians per action unit (LIBERO OSC_POSE: 0.05 m, 0.5 rad); "
+       "the trajectory's absolute targets are integrated with it", float_list=2),
     _p("execution.blend", "none",
        "continuity across replans: none | crossfade | ensemble | inpaint (in the flow loop)"),
-    _p("execution.overlap_s", 0.0,
-       "trigger=chunk_consumed: infer early enough that this much of the current chunk is "
-       "still ahead when the next arrives (the window blending works in)",
+    _p("execution.overlap_s", 0.1,
+       "rows of the current chunk still ahead when the next arrives (the window blending "
+       "works in): trigger=chunk_consumed infers that early, start=auto keeps it",
        float_range=(0.0, 10.0)),
     _p("execution.crossfade_ramp", "linear", "crossfade ramp over the overlap: linear | cosine"),
     _p("execution.ensemble_decay", 0.01,
        "ensemble weights exp(-decay k), k = 0 for the oldest prediction (ACT)",
        float_range=(0.0, 10.0)),
+    _p("execution.inpaint_method", "pigdm",
+       "inpaint: pull (towards the executing rows, per-step weight 1-(1-w)^(1/N)) | pigdm "
+       "(real-time chunking's guided velocity, weight min(beta, (1-t)/(t r^2)))"),
+    _p("execution.inpaint_schedule", "exp",
+       "inpaint mask between the frozen rows and the end of the overlap: hard | linear | exp"),
+    _p("execution.inpaint_beta", 5.0, "inpaint=pigdm: the guidance weight cap beta",
+       float_range=(0.0, 100.0)),
     _p("max_future_stamp_s", 0.5,
        "inputs stamped further ahead of the node's clock than this are skipped (before "
        "synchronisation)",
@@ -183,6 +201,10 @@ def validate_value(name: str, value: Any, settings: Settings) -> tuple[bool, str
         lo, hi = spec.float_range
         if not (isinstance(value, (int, float)) and math.isfinite(value) and lo <= value <= hi):
             return False, f"{name}={value} is out of range [{lo}, {hi}]"
+    if spec.float_list and (len(value) != spec.float_list or not all(
+            math.isfinite(v) and v > 0 for v in value)):
+        return False, (f"{name}={list(value)} needs {spec.float_list} positive finite numbers, "
+                       f"e.g. {spec.default}")
     check = _CHECKS.get(name) or (_check_suffix if name.startswith("context_suffix.") else None)
     if name.startswith("bundle."):
         check = _check_bundle_path
@@ -347,6 +369,9 @@ _CHECKS = {
     "execution.start": _check_choice(START_MODES),
     "execution.blend": _check_choice(BLENDS),
     "execution.crossfade_ramp": _check_choice(RAMPS),
+    "execution.action_type": _check_choice(ACTION_TYPES),
+    "execution.inpaint_method": _check_choice(INPAINT_METHODS),
+    "execution.inpaint_schedule": _check_choice(SCHEDULES),
     "state.source": _check_choice(STATE_SOURCES),
     "runtime.load_order": _check_choice(LOAD_ORDERS),
     "action_names": _check_action_names,

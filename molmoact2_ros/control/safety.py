@@ -36,12 +36,16 @@ def apply_safety(
     upper: np.ndarray | None = None,
     max_step_delta: np.ndarray | None = None,
     previous: np.ndarray | None = None,
+    first_row: int = 0,
+    delta: np.ndarray | None = None,
 ) -> tuple[np.ndarray, SafetyReport]:
     """Return a safe copy of ``actions`` [T, D] and what was changed.
 
     Raises ``UnsafeChunk`` if any value is NaN/inf: such a chunk is dropped, never repaired.
-    ``max_step_delta`` bounds the change between consecutive actions, starting from
-    ``previous`` (the last action published) when given.
+    ``max_step_delta`` bounds the change between consecutive commands from row ``first_row``
+    on (rows already due are left alone), the first against ``previous`` (the command the
+    robot executes on the tick before) when given. In the dims marked by ``delta`` a row is
+    itself the step the robot takes, so it is bounded directly.
     """
     actions = np.array(actions, dtype=np.float32, copy=True)
     bad = ~np.isfinite(actions)
@@ -57,12 +61,16 @@ def apply_safety(
         actions = clipped
     n_delta = 0
     if max_step_delta is not None:
-        limit = np.asarray(max_step_delta, np.float32)
+        limit = np.broadcast_to(np.asarray(max_step_delta, np.float32), actions.shape[1:]).copy()
+        steps = np.zeros(actions.shape[1], bool) if delta is None else np.asarray(delta, bool)
         prev = None if previous is None else np.asarray(previous, np.float32)
-        for i in range(actions.shape[0]):
+        for i in range(max(int(first_row), 0), actions.shape[0]):
+            row = actions[i].copy()
+            row[steps] = np.clip(row[steps], -limit[steps], limit[steps])
             if prev is not None:
-                row = np.clip(actions[i], prev - limit, prev + limit)
-                n_delta += int(np.count_nonzero(row != actions[i]))
-                actions[i] = row
+                pos = ~steps
+                row[pos] = np.clip(row[pos], prev[pos] - limit[pos], prev[pos] + limit[pos])
+            n_delta += int(np.count_nonzero(row != actions[i]))
+            actions[i] = row
             prev = actions[i]
     return actions, SafetyReport(n_limits, n_delta)

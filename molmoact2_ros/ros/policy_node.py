@@ -301,10 +301,15 @@ class PolicyNode(Node):
         msg.inference_latency = _duration(f["inference_latency_ns"])
         msg.start_stamp.sec, msg.start_stamp.nanosec = divmod(f["start_stamp_ns"], 1_000_000_000)
         msg.first_future_index = f["first_future_index"]
+        msg.action_type, msg.start_mode = f["action_type"], f["start_mode"]
+        msg.inpaint_method = f["inpaint_method"]
+        msg.inpaint_frozen_rows = f["inpaint_frozen_rows"]
+        msg.inpaint_weights = f["inpaint_weights"].tolist()
         t = trajectory_message_fields(out)
         traj = JointTrajectory()
-        # header stamp: the observation stamp (execution.start=observation) or zero, which
-        # joint_trajectory_controller reads as "start when first sampled" (receipt)
+        # header stamp: the observation stamp (observation timing) or zero, which
+        # joint_trajectory_controller reads as "start when first sampled" (receipt timing);
+        # positions are absolute targets (delta chunks integrated from the observed pose)
         traj.header.stamp.sec, traj.header.stamp.nanosec = divmod(t["stamp_ns"], 1_000_000_000)
         traj.joint_names = t["joint_names"]
         traj.points = [

@@ -51,6 +51,22 @@ def using_test_fake() -> bool:
     return bool(origin) and Path(origin).resolve().parents[1].name == "fake_qai_appbuilder"
 
 
+def check_installed_for_htp() -> None:
+    """Refuse ``--backend htp`` before any worker is spawned when no ``qai_appbuilder`` can
+    be found (found, not imported), naming the wheel for the board and the fake for elsewhere."""
+    if using_test_fake():
+        return
+    try:
+        found = importlib.util.find_spec("qai_appbuilder") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise MolmoActError(
+            "--backend htp needs qai_appbuilder, which is not installed here: on the IQ-9075 "
+            "pip install 'qai-appbuilder==2.51.40'; off the board, run the HTP path on the test "
+            f"fake with molmoact2 --appbuilder fake ... (or {ENV}=fake), or use --backend onnx")
+
+
 def describe(backend: str) -> str:
     """``onnx``, or ``htp (qai_appbuilder: test fake|installed)``: what outputs print."""
     if backend != "htp":

@@ -24,6 +24,7 @@ import numpy as np
 from ..bundle.conventions import Conventions
 from ..bundle.variants import ACTION_CONTEXT, ACTION_STEP, COMPONENTS, VISION, VariantSpec
 from ..errors import ContractError, RuntimeBackendError, WorkerFailed
+from ..host.flow import DEFAULT_BETA, INPAINT_METHODS
 from .arena import Arena
 from .layout import plan_arena
 from .libpaths import preflight
@@ -235,6 +236,8 @@ class ResidentPipeline:
         num_steps: int,
         prefix: np.ndarray | None = None,
         weights: np.ndarray | None = None,
+        method: str = "pull",
+        beta: float = DEFAULT_BETA,
     ) -> np.ndarray:
         steps = int(num_steps)
         if steps < 1:
@@ -249,6 +252,7 @@ class ResidentPipeline:
                 np.copyto(self._views["inpaint_prefix"],
                           np.asarray(prefix, np.float32).reshape(self._x_shape))
                 np.copyto(self._views["inpaint_weights"], np.asarray(weights, np.float32))
+                self._views["inpaint_options"][...] = (INPAINT_METHODS.index(method), beta)
             worker_ms = self._run_splits()
             context_ms, steps_ms = self._run(self._owner[ACTION_CONTEXT], OP_ACTION, steps)
             self._timings[ACTION_CONTEXT] = context_ms

@@ -7,7 +7,8 @@ the last split's ``hidden_out`` feeds nothing and gets no region. Split *i* writ
 keys/values into layers ``[L0+..+L(i-1), +Li)`` of the ``[L,1,S,KV]`` buffers that
 action_context reads. ``x0``/``x_out`` are float32 (the host's flow state), ``status``
 holds the session each worker is running (failure reports); ``inpaint_prefix``/``inpaint_weights``
-carry the previous actions and per-row weights for inpainting (weights all 0 = off).
+carry the previous actions and per-row weights for inpainting (weights all 0 = off),
+``inpaint_options`` its method and the ΠGDM cap β.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def plan_arena(
         ("x_out", trajectory.shape, "float32"),
         ("inpaint_prefix", trajectory.shape, "float32"),
         ("inpaint_weights", (trajectory.shape[1],), "float32"),
+        ("inpaint_options", (2,), "float32"),  # method index (INPAINT_METHODS), ΠGDM β
         ("status", (num_workers,), "int32"),
     ]
     return ArenaLayout.plan(tensors), bindings

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..bundle.conventions import Conventions
 from ..bundle.variants import ACTION_CONTEXT, ACTION_STEP, VISION
-from ..host.flow import run_flow
+from ..host.flow import DEFAULT_BETA, run_flow
 from .session import Geometry, SessionSet
 
 INPUT_BUFFERS = (
@@ -46,10 +46,13 @@ class Pipeline(Protocol):
         num_steps: int,
         prefix: np.ndarray | None = None,
         weights: np.ndarray | None = None,
+        method: str = "pull",
+        beta: float = DEFAULT_BETA,
     ) -> np.ndarray:
         """LLM splits, action_context once, then the flow loop; returns x_N [1, T, A].
 
-        ``prefix`` [1, T, A] (normalised) and per-row ``weights`` [T] inpaint (``run_flow``)."""
+        ``prefix`` [1, T, A] (normalised) and per-row ``weights`` [T] inpaint by ``method``
+        with the ΠGDM cap ``beta`` (``run_flow``)."""
 
     @property
     def last_timings_ms(self) -> dict[str, float]:
@@ -117,6 +120,8 @@ class LocalPipeline:
         num_steps: int,
         prefix: np.ndarray | None = None,
         weights: np.ndarray | None = None,
+        method: str = "pull",
+        beta: float = DEFAULT_BETA,
     ) -> np.ndarray:
         b = self._buffers
         hidden = b["hidden_states"]
@@ -143,7 +148,7 @@ class LocalPipeline:
             return self._run(ACTION_STEP, feeds)[out_name]
 
         return run_flow(step, x0, b["action_dim_is_pad"], num_steps, self.conventions,
-                        prefix, weights)
+                        prefix, weights, method, beta)
 
     @property
     def failed(self) -> Exception | None:

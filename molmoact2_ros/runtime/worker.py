@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from ..bundle.variants import ACTION_CONTEXT, ACTION_STEP, COMPONENTS
-from ..host.flow import run_flow
+from ..host.flow import INPAINT_METHODS, run_flow
 from .arena import Arena
 from .loaders import InferenceFailed, LoadFailed, SessionLoader, WorkerSession, make_loader
 from .protocol import (
@@ -391,6 +391,8 @@ class _Server:
         x0 = np.array(self.arena.view("x0"), dtype=np.float32)
         weights = np.array(self.arena.view("inpaint_weights"), dtype=np.float32)
         prefix = np.array(self.arena.view("inpaint_prefix"), dtype=np.float32)
+        method, beta = np.array(self.arena.view("inpaint_options"), dtype=np.float64)
         self.arena.view("x_out")[...] = run_flow(run_step, x0, pad, num_steps, conv,
-                                                 prefix, weights)
+                                                 prefix, weights, INPAINT_METHODS[int(method)],
+                                                 float(beta))
         return (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3

@@ -13,6 +13,7 @@ EXTRAS = {
     "onnxruntime": ("onnxruntime", "onnx"),
     "rosbags": ("rosbags", "replay"),
     "safetensors": ("safetensors", "export"),
+    "matplotlib": ("matplotlib", "plot"),
 }
 
 

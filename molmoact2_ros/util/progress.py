@@ -43,7 +43,7 @@ def progress(items: Iterable[T], desc: str, *, total: int | None = None,
 
 
 class _Quiet:
-    """The bar's interface, doing nothing (not a terminal, tqdm missing, or turned off)."""
+    """The bar's interface, doing nothing (progress turned off, or tqdm missing on a terminal)."""
 
     def set_description(self, text: str) -> None:
         pass
@@ -55,12 +55,47 @@ class _Quiet:
         pass
 
 
+class _Lines:
+    """The bar's interface for logs and pipes: one status line per step on the stream.
+
+    A step starts at ``set_description`` (``desc [i/n] text (elapsed)``); with ``every`` > 0,
+    ``update`` also prints a line each time the count crosses a multiple of ``every`` and at
+    the end (``desc [count/n unit] (elapsed)``), so a long run shows about ``n / every`` lines.
+    """
+
+    def __init__(self, total: int, desc: str, unit: str, every: int, stream: TextIO) -> None:
+        self.total, self.desc, self.unit, self.every, self.stream = total, desc, unit, every, stream
+        self.n = 0
+        self.start = time.perf_counter()
+
+    def _line(self, text: str) -> None:
+        print(f"{self.desc} {text} ({time.perf_counter() - self.start:.1f} s)", file=self.stream,
+              flush=True)
+
+    def set_description(self, text: str) -> None:
+        self._line(f"[{min(self.n + 1, self.total)}/{self.total}] {text}")
+
+    def update(self, n: int = 1) -> None:
+        before, self.n = self.n, self.n + n
+        if self.every > 0 and (self.n // self.every > before // self.every
+                               or (self.n >= self.total > before)):
+            self._line(f"[{self.n}/{self.total} {self.unit}]")
+
+    def close(self) -> None:
+        pass
+
+
 def counter(total: int, desc: str, *, unit: str = "it", enabled: bool = True,
-            stream: TextIO | None = None):
+            every: int = 0, stream: TextIO | None = None):
     """A bar updated by hand (``update``, ``set_description``, ``close``): tqdm on a terminal,
-    else silent, so logs and pipes get only the results."""
+    else one status line per step (see ``_Lines``; ``every`` units make a step of ``update``),
+    so a log or a pipe still shows that the run moves. ``enabled=False`` prints nothing."""
     stream = stream or sys.stderr
-    tqdm = _tqdm() if enabled and stream.isatty() else None
-    if tqdm is None:
+    if not enabled:
         return _Quiet()
+    if not stream.isatty():
+        return _Lines(total, desc, unit, every, stream)
+    tqdm = _tqdm()
+    if tqdm is None:
+        return _Lines(total, desc, unit, every, stream)
     return tqdm(total=total, desc=desc, unit=unit, file=stream, leave=False)
