@@ -190,6 +190,13 @@ def test_contexts_that_do_not_chain_are_refused(control, tiny_root, tmp_path):
 _ORCHESTRATOR = """
 import faulthandler, os, signal, sys, time
 faulthandler.register(signal.SIGUSR1)  # the test asks for every thread's stack if it hangs
+# what this process inherited from the test run (ignored or blocked signals survive exec),
+# then the default a fresh process has: the test is about the orchestrator's cleanup
+print("inherited: SIGINT", signal.getsignal(signal.SIGINT), "blocked",
+      sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])), file=sys.stderr,
+      flush=True)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 from molmoact2_ros.bundle.bundle import Bundle
 from molmoact2_ros.runtime.htp_backend import ResidentPipeline
 pipe = ResidentPipeline.open(Bundle.open(sys.argv[1]), install_signal_handlers=True)
