@@ -106,3 +106,30 @@ def test_every_component_has_a_contract():
     for variant in VARIANTS.values():
         assert set(variant.contracts()) == set(COMPONENTS)
         assert variant.contracts(euler_in_graph=False)["action_step"].outputs[0].name == "velocity"
+
+
+@pytest.mark.parametrize("flat_step", [False, True])
+def test_flat_k_ctx_is_accepted_and_the_shape_used_is_named(flat_step):
+    """The real action_context may emit k_ctx/v_ctx flat; the reference runtime reshapes them
+    to [36,1,S,8,96]. Accepted flat ([N]) or 4-D, with the shape taken named in the geometry;
+    a flat tensor of the wrong size is refused with the shape it needed."""
+    variant = VARIANTS["grid_sampler"]
+    sessions = null_sessions(variant)
+    n = 36 * 128 * 8 * 96
+    for name in ("k_ctx", "v_ctx"):
+        _replace(sessions["action_context"], "outputs", name, (n,))
+        if flat_step:
+            _replace(sessions["action_step"], "inputs", name, (36, 1, 128, 768))
+    geometry = SessionSet(sessions, variant).geometry
+    assert "action_context output k_ctx[" + str(n) + "]" in geometry.kv_ctx_shape
+    assert "reshaped to [36,1,128,8,96]" in geometry.kv_ctx_shape
+    assert ("the reference runtime's heads" in geometry.kv_ctx_shape) == flat_step
+    _replace(sessions["action_context"], "outputs", "v_ctx", (n - 96,))
+    with pytest.raises(ContractError, match=r"v_ctx\[" + str(n - 96) + r"\] float32 has "
+                       + str(n - 96) + r" elements but \[L,1,S,AH,AD\] = \[36,1,128,8,96\]"):
+        SessionSet(sessions, variant)
+
+
+def test_five_d_k_ctx_names_no_reshape():
+    variant = VARIANTS["lp_vtp_sd"]
+    assert SessionSet(null_sessions(variant), variant).geometry.kv_ctx_shape == ""

@@ -59,3 +59,13 @@ def test_a_context_that_does_not_load(tiny_root, monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert "FAIL  contexts load" in out and "action_context did not load" in out
     assert "Traceback" not in out + err
+
+
+def test_numpy_2_under_humble_is_named_with_the_pin():
+    """pip pulls numpy 2 with qai-appbuilder (numpy>=1.22); Humble's cv_bridge needs numpy 1."""
+    from molmoact2_ros.cli.doctor import check_numpy_for_ros
+
+    bad = check_numpy_for_ros("2.2.6", {"ROS_DISTRO": "humble"})
+    assert bad.status == "FAIL" and "numpy>=1.22,<2" in bad.fix
+    assert check_numpy_for_ros("1.26.4", {"ROS_DISTRO": "humble"}).status == "PASS"
+    assert check_numpy_for_ros("2.2.6", {"ROS_DISTRO": "jazzy"}).status == "PASS"

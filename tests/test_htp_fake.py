@@ -259,13 +259,17 @@ def ufp16_offset(low: float, high: float) -> int:
 
 
 def test_worker_loads_quantized_io_in_float_mode(qai, quant_ctx_path):
-    """Fixed-point I/O: loaded again with float I/O, declared float32, values dequantized."""
+    """Fixed-point I/O: loaded once with float I/O, declared float32, values dequantized;
+    the same context loaded native is refused (its scale and offset are not exposed)."""
     from molmoact2_ros.bundle.conventions import Conventions
-    from molmoact2_ros.runtime.loaders import QnnLoader
+    from molmoact2_ros.runtime.loaders import LoadFailed, QnnLoader
     from molmoact2_ros.runtime.protocol import SessionSpec, WorkerSpec
 
     loader = QnnLoader(WorkerSpec("quirks", (), "grid_sampler", Conventions()))
-    session = loader.load(SessionSpec("quirks", str(quant_ctx_path), "q-quant"))
+    with pytest.raises(LoadFailed, match=r"has fixed-point I/O \(x: ufp16, z: ufp16\) but "
+                       "was loaded with native I/O"):
+        loader.load(SessionSpec("quirks", str(quant_ctx_path), "q-native"))
+    session = loader.load(SessionSpec("quirks", str(quant_ctx_path), "q-quant", float_io=True))
     try:
         assert (session.input_mode, session.output_mode) == ("float", "float")
         assert session.fixed_point == ("x", "z")
@@ -331,3 +335,62 @@ def test_no_process_that_needs_onnxruntime_imports_qai_appbuilder(tiny_root):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["False", "False", "True"]
+
+
+def _quirks_with(tmp_path, name, quant):
+    path = tmp_path / f"{name}_w4a16_socid77_archv73.bin"
+    path.write_bytes(fake_context_bytes("quirks", _graph_bytes(), quant=quant))
+    return path
+
+
+def test_sfixed_io_fails_the_load_and_the_loader_says_why(qai, tmp_path, capfd):
+    """The library has no buffer type for signed fixed-point I/O: setupTensors fails, the
+    model is not registered (no exception, empty getters); the loader refuses naming sfixed."""
+    from molmoact2_ros.bundle.conventions import Conventions
+    from molmoact2_ros.runtime.loaders import LoadFailed, QnnLoader
+    from molmoact2_ros.runtime.protocol import SessionSpec, WorkerSpec
+
+    quant = {"x": {"dtype": "sfp16", "scale": 1e-3, "offset": 0}}
+    path = _quirks_with(tmp_path, "signed", quant)
+    with _native(qai, path, "sfixed") as ctx:
+        assert ctx.getGraphName() == "" and ctx.getInputName() == []
+    assert "Datatype not supported yet!" in capfd.readouterr().err
+    loader = QnnLoader(WorkerSpec("quirks", (), "grid_sampler", Conventions()))
+    with pytest.raises(LoadFailed, match="Datatype not supported yet!' means a tensor has "
+                       r"signed fixed-point \(sfixed\) I/O"):
+        loader.load(SessionSpec("quirks", str(path), "q-sfixed", float_io=True))
+
+
+def test_non_finite_output_of_a_fixed_point_session_fails_the_call(qai, tmp_path):
+    """A broken output scale dequantizes to NaN: the call fails instead of a finite wrong
+    chunk downstream."""
+    from molmoact2_ros.bundle.conventions import Conventions
+    from molmoact2_ros.runtime.loaders import InferenceFailed, QnnLoader
+    from molmoact2_ros.runtime.protocol import SessionSpec, WorkerSpec
+    from molmoact2_ros.synth.contexts import ufp16_params
+
+    quant = {"x": ufp16_params(-20.0, 45.535),
+             "z": {"dtype": "ufp16", "scale": float("nan"), "offset": 0}}
+    path = _quirks_with(tmp_path, "nanscale", quant)
+    loader = QnnLoader(WorkerSpec("quirks", (), "grid_sampler", Conventions()))
+    session = loader.load(SessionSpec("quirks", str(path), "q-nan", float_io=True))
+    try:
+        with pytest.raises(InferenceFailed, match="output z has 6 non-finite values out of 6"):
+            session.infer([np.ones((2, 3), np.float32), np.arange(4, dtype=np.int32)])
+    finally:
+        session.release()
+
+
+def test_execute_time_is_reported_only_with_profiling(qai, ctx_path):
+    """getProfilingEvent(QNN_PROFILE_EVENTTYPE_EXECUTE) needs ProfilingLevel BASIC or more."""
+    feeds = [np.ones((2, 3), np.float16), np.arange(4, dtype=np.int32)]
+    with _native(qai, ctx_path, "no-profile") as ctx:
+        ctx.Inference(list(feeds))
+        assert ctx.getProfilingEvent(3) == 0
+    qai.QNNConfig.Config(runtime=qai.Runtime.HTP, profiling_level=qai.ProfilingLevel.BASIC)
+    try:
+        with _native(qai, ctx_path, "profiled") as ctx:
+            ctx.Inference(list(feeds))
+            assert ctx.getProfilingEvent(3) > 0 and ctx.getProfilingEvent(7) == 0
+    finally:
+        qai.QNNConfig.Config(runtime=qai.Runtime.HTP)

@@ -60,3 +60,16 @@ def test_dsp_libs_without_the_skel_is_refused(fake_wheel, tmp_path):
     empty.mkdir()
     with pytest.raises(RuntimeBackendError, match="has no libQnnHtpV73Skel.so"):
         preflight("", str(empty), "v73")
+
+
+def test_inherited_adsp_path_without_the_skel_is_refused(fake_wheel, tmp_path, monkeypatch):
+    """The wheel keeps an inherited ADSP_LIBRARY_PATH (2+ characters): one without the skel
+    would leave the DSP with none, so it is refused at open, naming the variable."""
+    empty = tmp_path / "old_sdk"
+    empty.mkdir()
+    monkeypatch.setenv("ADSP_LIBRARY_PATH", f"{empty};/vendor/dsp/cdsp")
+    with pytest.raises(RuntimeBackendError, match=r"ADSP_LIBRARY_PATH=.*old_sdk;/vendor/dsp/"
+                       r"cdsp \(inherited\) holds no libQnnHtpV73Skel.so.*unset ADSP_LIBRARY_PATH"):
+        preflight("", "", "v73")
+    monkeypatch.setenv("ADSP_LIBRARY_PATH", str(wheel_libs()))  # the wheel's own: fine
+    preflight("", "", "v73")

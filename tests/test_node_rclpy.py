@@ -107,8 +107,9 @@ def _publish_until_chunk(rig, n_before, timeout=60.0):
     return len(got["chunks"]) > n_before
 
 
-def test_configure_activate_and_publish_both_outputs(rig):
+def test_configure_activate_and_publish_both_outputs(rig, tiny_root):
     node, got, publish, call, _ = rig
+    state = load_npz(tiny_root / "grid_sampler" / "golden" / "e2e_trace.npz")["state"]
     assert node.trigger_configure() == SUCCESS
     assert node.trigger_activate() == SUCCESS
     assert _publish_until_chunk(rig, 0)
@@ -121,7 +122,14 @@ def test_configure_activate_and_publish_both_outputs(rig):
     assert len(traj.points) == 10 and list(traj.joint_names) == list(chunk.action_names)
     times = [p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in traj.points]
     assert np.allclose(np.diff(times), 0.05) and times[0] == pytest.approx(0.05)
-    np.testing.assert_allclose(np.array([p.positions for p in traj.points]), actions, atol=1e-6)
+    # the tiny bundles are LIBERO-like (delta rows): the trajectory carries the end-effector
+    # targets integrated from the observed state, 0.05 m per unit; the gripper as commanded
+    assert chunk.action_type == "delta"
+    positions = np.array([p.positions for p in traj.points])
+    state = np.asarray(state, np.float32).astype(np.float64)
+    np.testing.assert_allclose(positions[:, :3], state[:3] + 0.05 * np.cumsum(
+        actions[:, :3].astype(np.float64), axis=0), atol=1e-5)
+    np.testing.assert_allclose(positions[:, 6], actions[:, 6], atol=1e-6)
     # execution.start=receipt: zero header stamp (start when first sampled), nothing due yet
     assert (traj.header.stamp.sec, traj.header.stamp.nanosec) == (0, 0)
     start_ns = chunk.start_stamp.sec * 10**9 + chunk.start_stamp.nanosec

@@ -18,10 +18,10 @@ from .args import HelpFormatter, Parser
 
 #: Modules with a ``register(subparsers)`` function, each adding its command(s).
 COMMAND_MODULES = ("demo", "parity", "conventions", "tiny_bundle", "export_host",
-                   "bench", "doctor", "replay", "device_report")
+                   "bench", "doctor", "replay", "device_report", "libero")
 #: How ``molmoact2 --help`` groups the commands (any other registered command goes last).
 GROUPS = {
-    "run": ("demo", "replay", "bench"),
+    "run": ("demo", "replay", "bench", "libero"),
     "check": ("parity", "conventions", "doctor", "device-report"),
     "bundle tools": ("tiny-bundle", "export-host", "trace-to-bag"),
 }

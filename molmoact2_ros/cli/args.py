@@ -151,3 +151,35 @@ def parse_suffix(text: str) -> tuple[str, str]:
             f"{text!r}: use GROUP=SUFFIX with GROUP one of {', '.join(SUFFIX_GROUPS)}"
         )
     return group, suffix
+
+
+#: the reference runtime's suffix switches → our suffix groups (ACTION_CTX_SUFFIX selects
+#: action_step only, as ``context_suffix.action`` does)
+SUFFIX_ENV = {"VISION_CTX_SUFFIX": "vision", "LLM_CTX_SUFFIX": "llm",
+              "ACTION_CTX_SUFFIX": "action"}
+
+
+def suffixes_from_env(given: list[tuple[str, str]] | None, environ=None) -> dict[str, str]:
+    """``--suffix`` values, completed by the reference runtime's ``*_CTX_SUFFIX`` variables.
+
+    A set variable is honoured with a notice on stderr naming the parameter it stands for; a
+    ``--suffix`` of the same group wins (and the notice says so).
+    """
+    import os
+    import sys
+
+    environ = os.environ if environ is None else environ
+    chosen = dict(given or [])
+    for variable, group in SUFFIX_ENV.items():
+        if variable not in environ:
+            continue
+        value = environ[variable]
+        if group in chosen:
+            print(f"notice: {variable}={value!r} (the reference runtime's switch) is ignored: "
+                  f"--suffix {group}={chosen[group]} was given", file=sys.stderr)
+            continue
+        chosen[group] = value
+        print(f"notice: {variable}={value!r} from the environment (the reference runtime's "
+              f"switch) is taken as --suffix {group}={value} (context_suffix.{group} on the "
+              "node)", file=sys.stderr)
+    return chosen

@@ -75,6 +75,27 @@ def check_host_kernels() -> Check:
                  f"{fp16.kernel()}")
 
 
+def check_numpy_for_ros(numpy_version: str | None = None, environ=None) -> Check:
+    """ROS 2 Humble's cv_bridge (Ubuntu 22.04 apt) is built against numpy 1.x; installing
+    qai-appbuilder (numpy>=1.22,<=2.4.4) with pip pulls numpy 2 unless it is pinned, and
+    cv_bridge then fails to import ("compiled using NumPy 1.x")."""
+    import os
+
+    import numpy as np
+
+    environ = os.environ if environ is None else environ
+    version = numpy_version or np.__version__
+    distro = environ.get("ROS_DISTRO", "")
+    major = int(version.split(".")[0])
+    if distro == "humble" and major >= 2:
+        return Check("numpy for cv_bridge", FAIL,
+                     f"numpy {version} under ROS 2 Humble, whose cv_bridge is built for numpy 1",
+                     "pip install 'numpy>=1.22,<2' (the pin in docs/runtime.md), then install "
+                     "qai-appbuilder with that numpy in place")
+    where = f"ROS_DISTRO={distro}" if distro else "no ROS_DISTRO set"
+    return Check("numpy for cv_bridge", PASS, f"numpy {version} ({where})")
+
+
 def check_platform() -> Check:
     machine, system = platform.machine(), platform.system()
     if system == "Linux" and machine in ("aarch64", "arm64"):
@@ -282,7 +303,8 @@ def run_checks(bundle_dir: Path, variant: str | None, suffixes: dict[str, str],
     checks = [check_platform()]
     probe = probe_qai_appbuilder()
     checks += [check_qai(probe), check_qnn_runtime(probe), check_cdsprpc(),
-               check_fastrpc_nodes(), check_library_paths(probe), check_host_kernels()]
+               check_fastrpc_nodes(), check_library_paths(probe), check_host_kernels(),
+               check_numpy_for_ros()]
     try:
         from ..bundle.bundle import Bundle, Suffixes, resolve_bundles
 

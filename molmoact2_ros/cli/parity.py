@@ -17,7 +17,9 @@ def cmd_parity(args: argparse.Namespace) -> int:
     from ..policy import Policy, e2e_parity
 
     total, failed_rows, names = 0, 0, []
-    suffixes = Suffixes.from_mapping(dict(args.suffix or []))
+    from .args import suffixes_from_env
+
+    suffixes = Suffixes.from_mapping(suffixes_from_env(args.suffix))
     for name, path in resolve_bundles(Path(args.bundle), args.variant):
         names.append(name)
         tol = {"min_cosine": args.min_cosine}
@@ -64,5 +66,6 @@ def register(subparsers) -> None:
                    help="cosine similarity a row needs to pass, in (0, 1]")
     p.add_argument("--suffix", type=parse_suffix, action="append", metavar="GROUP=SUFFIX",
                    help="context suffix per group, repeatable (vision, llm, action: action_step "
-                   "only; e.g. llm=_w4a16); default: fp16 everywhere")
+                   "only; e.g. llm=_w4a16); default: fp16 everywhere, or the reference "
+                   "runtime's VISION_/LLM_/ACTION_CTX_SUFFIX variables when set (with a notice)")
     p.set_defaults(func=cmd_parity)

@@ -18,6 +18,7 @@ from ..errors import MolmoActError
 from ..runtime.appbuilder import describe
 from ..util.progress import counter
 from .args import check_paths, example, float_in, int_in
+from .ray_args import add_ray_args
 
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
@@ -157,6 +158,24 @@ class _Signals:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from .ray_args import fix_ray_address
+    from .replay_many import cmd_replay_many, is_many
+
+    fix_ray_address(args, "bags")
+    if not args.bags:
+        raise MolmoActError("replay needs a bag: molmoact2 replay BAG --bundle-root ROOT ...")
+    # one bag or many: no output may be, hold or lie inside an input (before anything runs)
+    check_paths([("--record-dir", args.record_dir), ("--record bag", args.record),
+                 ("--report", args.report)],
+                [*(("bag", bag) for bag in args.bags), ("--golden", args.golden),
+                 ("--golden-dir", args.golden_dir), ("--bundle-root", args.bundle_root)])
+    if is_many(args):
+        return cmd_replay_many(args)
+    args.bag = args.bags[0]
+    return _replay_one(args)
+
+
+def _replay_one(args: argparse.Namespace) -> int:
     from ..control.controller import load_policy
     from ..control.params import Settings, validate_changes
     from ..replay.bagio import prepare_output
@@ -287,12 +306,16 @@ def register(sub) -> None:
         "controller on the bag's\nclock, one inference per synchronised observation. --record "
         "writes every chunk and the run's\nsettings to a new bag; --golden matches every chunk "
         "with the golden's chunk of the same stamp\n(exit 1 on a mismatch). Progress: a bar on "
-        "a terminal, else about ten status lines on stderr.",
+        "a terminal, else about ten status lines on stderr.\nSeveral bags (--golden-dir, "
+        "--record-dir) run one after another here, or on Ray actors with --ray\n"
+        "(docs/scale_out.md).",
         epilog=example("molmoact2 replay robot_bag --bundle-root /data/molmoact2 --variant "
                        "grid_sampler --instruction 'put the bowl on the plate' --record golden_bag",
                        "molmoact2 replay robot_bag --bundle-root /data/molmoact2 --backend htp "
                        "--golden golden_bag --report report/"))
-    p.add_argument("bag", help="rosbag2 folder (or .mcap) with the camera and joint topics")
+    p.add_argument("bags", nargs="*", metavar="BAG",
+                   help="rosbag2 folder (or .mcap) with the camera and joint topics; several "
+                   "with --golden-dir or --record-dir (one golden per bag name)")
     p.add_argument("--bundle-root", required=True,
                    help="a root with one folder per variant, or one variant's folder")
     p.add_argument("--variant", choices=list(VARIANTS), help="default: the golden's, else "
@@ -326,10 +349,16 @@ def register(sub) -> None:
                    help="fraction within tolerance per chunk (default 1.0, htp 0.95)")
     p.add_argument("--min-produced", type=float_in(0.0, 1.0), default=1.0,
                    help="fraction of golden chunks the run must produce")
-    p.add_argument("--report", metavar="DIR", help="write summary.json and PNG plots here")
+    p.add_argument("--golden-dir", metavar="DIR", help="check each BAG against DIR/NAME, the "
+                   "golden chunk bag of its name (a bag folder's name, an .mcap file's stem)")
+    p.add_argument("--record-dir", metavar="DIR", help="record each BAG's golden to DIR/NAME")
+    p.add_argument("--report", metavar="DIR", help="write summary.json and PNG plots here "
+                   "(several bags: the merged summary.json and summary.md, and the "
+                   "verdicts.jsonl ledger an interrupted run resumes from)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar or status lines")
+    add_ray_args(p, what="bags")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser(

@@ -365,6 +365,13 @@ class Controller(SettingsControl):
             self.counts["inference_thread_restarts"] += 1
             self._start_thread()
 
+    def inference_requested(self) -> bool:
+        """Whether ``tick`` or ``on_observation`` asked for a chunk since the last call (and
+        clear it): drivers without the inference thread (the simulator) poll this."""
+        requested = self._wake.is_set()
+        self._wake.clear()
+        return requested
+
     def thread_alive(self) -> bool:
         """False when the inference thread should run but does not."""
         return not self._running or (self._thread is not None and self._thread.is_alive())

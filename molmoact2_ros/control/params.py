@@ -8,6 +8,7 @@ same table (a test keeps them in step).
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -69,6 +70,13 @@ PARAMS: tuple[ParamSpec, ...] = (
        CONFIGURE),
     _p("runtime.load_order", "parallel",
        "htp: load the contexts in parallel, or sequential (largest first)", CONFIGURE),
+    _p("runtime.state_dir", "",
+       "htp: folder of the restart record (restart times, an earlier crash), so the restart cap "
+       "and the reboot hint survive a node restart (e.g. ~/.ros/molmoact2); '' keeps it in memory",
+       CONFIGURE),
+    _p("runtime.bundle_libs", True,
+       "htp: use a bundle's own qnn_libs/ and dsp_libs/ (false: the wheel's QNN runtime)",
+       CONFIGURE),
     _p("autostart", False,
        "configure and activate on its own when the process starts (launch respawn sets it, so a "
        "restarted process comes back active)", CONFIGURE),
@@ -171,6 +179,9 @@ class Settings:
             "call_timeout_s": float(self.values["runtime.call_timeout_s"]),
             "release_on_exit": bool(self.values["runtime.release_on_exit"]),
             "load_order": self.values["runtime.load_order"],
+            "state_dir": os.path.expanduser(str(self.values["runtime.state_dir"]))
+            if self.values["runtime.state_dir"] else "",
+            "bundle_libs": bool(self.values["runtime.bundle_libs"]),
         }
 
     def suffixes(self) -> dict[str, str]:

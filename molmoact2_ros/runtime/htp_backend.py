@@ -11,7 +11,10 @@ and the action worker runs the whole Euler loop locally. Requests are 9-byte fra
 
 from __future__ import annotations
 
+import json
+import logging
 import multiprocessing
+import os
 import struct
 import threading
 import time
@@ -35,6 +38,7 @@ from .protocol import (
     OP_CALL,
     OP_PING,
     OP_RUN,
+    OP_STATS,
     RUN_HANDOFF,
     ST_HANDOFF,
     SessionSpec,
@@ -50,6 +54,10 @@ from .supervisor import (
     install_signal_handlers,
     start_workers,
 )
+
+LOG = logging.getLogger("molmoact2_ros.runtime")
+#: the restart record under ``runtime.state_dir``
+STATE_FILE = "htp_runtime_state.json"
 
 if TYPE_CHECKING:
     from ..bundle.bundle import Bundle, Suffixes
@@ -99,13 +107,14 @@ class ResidentPipeline:
         self._workers = [WorkerHandle(spec, i) for i, spec in enumerate(specs)]
         self._resources.workers = list(self._workers)
         self._owner = {c: w for w in self._workers for c in w.spec.components}
-        self._failed: WorkerFailed | None = None
+        self._state_path = (os.path.join(options.state_dir, STATE_FILE)
+                            if options.state_dir else "")
+        self._restarts, self._crashed = self._read_state()
+        self.__failed: WorkerFailed | None = None
         # one caller at a time (inference thread vs lifecycle/diagnostics); reentrant so
         # a SIGTERM handler closing the pipeline mid-call does not deadlock
         self._lock = threading.RLock()
         self._timings: dict[str, float] = {}
-        self._restarts: list[float] = []  # monotonic times of respawns that ran
-        self._crashed = False  # a worker died or was killed since the last clean load
         try:
             start_workers(self._workers, self._mp, self.options.start_timeout_s,
                           self.options.load_order)
@@ -118,15 +127,67 @@ class ResidentPipeline:
             self._resources.arena = self._arena
             self._arena.view("status")[...] = -1
             self._attach(self._workers)
+        except WorkerFailed as exc:
+            self.close()
+            if self._crashed:
+                raise WorkerFailed(
+                    f"{exc}; a worker crashed in an earlier run (recorded in "
+                    f"{self._state_path}): the DSP may still hold its leaked sessions, and a "
+                    "reboot may be needed", worker=exc.worker, session=exc.session) from None
+            raise
         except BaseException:
             self.close()
             raise
+        if self._crashed:
+            self._crashed = False
+            self._write_state()
         self._views = self._arena.views()
         self._x_shape = self._views["x0"].shape
         self._status = self._views["status"]
         LIVE.add(self)
         if options.install_signal_handlers:
             install_signal_handlers()
+
+    # -- restart record ----------------------------------------------------------------------
+    @property
+    def _failed(self) -> WorkerFailed | None:
+        return self.__failed
+
+    @_failed.setter
+    def _failed(self, exc: WorkerFailed | None) -> None:
+        self.__failed = exc
+        if exc is not None and not self._crashed:
+            self._crashed = True  # a dead, hung or failing worker: kept for the reboot hint
+            self._write_state()
+
+    def _read_state(self) -> tuple[list[float], bool]:
+        """Restart times (wall clock, within the window) and the crash flag of earlier runs."""
+        if not self._state_path:
+            return [], False
+        try:
+            with open(self._state_path, encoding="utf-8") as f:
+                data = json.load(f)
+            window = float(self.options.restart_window_s)
+            now = time.time()
+            restarts = [float(t) for t in data.get("restarts", []) if now - float(t) < window]
+            return restarts, bool(data.get("crashed", False))
+        except FileNotFoundError:
+            return [], False
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            LOG.warning("ignoring the unreadable restart record %s (%s)", self._state_path, exc)
+            return [], False
+
+    def _write_state(self) -> None:
+        if not self._state_path:
+            return
+        tmp = f"{self._state_path}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(os.path.dirname(self._state_path) or ".", exist_ok=True)
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"restarts": self._restarts, "crashed": self._crashed}, f)
+            os.replace(tmp, self._state_path)
+        except OSError as exc:
+            LOG.warning("could not write the restart record %s (%s)", self._state_path, exc)
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
@@ -145,16 +206,27 @@ class ResidentPipeline:
         suffixes = suffixes or Suffixes()
         conventions = conventions or bundle.conventions()
         paths = {c: bundle.context_path(c, suffixes.for_component(c)) for c in COMPONENTS}
-        qnn_libs = opts.qnn_libs or bundle.library_dir("qnn_libs")
-        dsp_libs = opts.dsp_libs or bundle.library_dir("dsp_libs")
+        own = bool(opts.bundle_libs)
+        qnn_libs = opts.qnn_libs or (bundle.library_dir("qnn_libs") if own else "")
+        dsp_libs = opts.dsp_libs or (bundle.library_dir("dsp_libs") if own else "")
         if opts.loader == "qnn":
             bundle.check_contexts(suffixes)  # every context binary present, none truncated
-            preflight(qnn_libs, dsp_libs, bundle.variant.dsp_arch)
+            try:
+                preflight(qnn_libs, dsp_libs, bundle.variant.dsp_arch)
+            except RuntimeBackendError as exc:
+                if own and (qnn_libs, dsp_libs) != (opts.qnn_libs, opts.dsp_libs):
+                    raise RuntimeBackendError(
+                        f"{exc}; or leave the bundle's qnn_libs/ and dsp_libs/ unused "
+                        "(--ignore-bundle-libs, runtime.bundle_libs: false) so the wheel's own "
+                        "runtime serves it") from None
+                raise
         specs = [
             WorkerSpec(
                 worker=name,
                 sessions=tuple(
-                    SessionSpec(c, str(paths[c]), f"molmoact2-{paths[c].stem}") for c in members
+                    SessionSpec(c, str(paths[c]), f"molmoact2-{paths[c].stem}",
+                                float_io=bool(suffixes.for_component(c)))
+                    for c in members
                 ),
                 variant=bundle.variant.name,
                 conventions=conventions,
@@ -165,6 +237,7 @@ class ResidentPipeline:
                 release_on_exit=bool(opts.release_on_exit),
                 qnn_libs=qnn_libs,
                 dsp_libs=dsp_libs,
+                profiling=str(opts.profiling).upper(),
             )
             for name, members in worker_groups(bundle.variant)
         ]
@@ -315,6 +388,15 @@ class ResidentPipeline:
             w.name: {"sessions": w.sessions_label(), **w.stats} for w in self._workers
         }
 
+    def session_timings(self) -> dict[str, list[tuple[float, float, int]]]:
+        """Per session, every call since the last ask: (ms in the worker, ms inside the
+        library's Inference, the library's NPU execute time in us, 0 without profiling)."""
+        timings: dict[str, list] = {}
+        with self._lock:
+            for worker in self._workers:
+                timings.update(loads(self._call(worker, OP_STATS)))
+        return timings
+
     def ping(self) -> None:
         """Round trip to every worker (raises WorkerFailed for the first one that fails)."""
         with self._lock:
@@ -329,7 +411,7 @@ class ResidentPipeline:
     def _restart(self) -> None:
         if not self._finalizer.alive:
             raise RuntimeBackendError("the pipeline is closed; open a new one")
-        now = time.monotonic()
+        now = time.time()  # wall clock: the record outlives this process
         window = float(self.options.restart_window_s)
         self._restarts = [t for t in self._restarts if now - t < window]
         if len(self._restarts) >= int(self.options.max_restarts):
@@ -349,6 +431,7 @@ class ResidentPipeline:
         stale = [w for w in self._workers if not w.healthy]
         if stale:
             self._restarts.append(now)
+            self._write_state()
         crashed = self._crashed or any(
             w.process is not None and w.process.exitcode not in (None, 0) for w in stale
         )
@@ -366,6 +449,7 @@ class ResidentPipeline:
             raise exc from None
         self._failed = None
         self._crashed = False
+        self._write_state()
 
     def _respawn(self, stale: list[WorkerHandle]) -> None:
         if stale:

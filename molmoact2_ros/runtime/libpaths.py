@@ -66,10 +66,18 @@ def preflight(qnn_libs: str, dsp_libs: str, dsp_arch: str) -> None:
             )
         _same(folder / skel_name, runtime, runtime_lib, "ADSP_LIBRARY_PATH (bundle dsp_libs)")
     else:
-        for entry in re.split(r"[;:]", os.environ.get("ADSP_LIBRARY_PATH", "")):
+        inherited = os.environ.get("ADSP_LIBRARY_PATH", "")
+        for entry in re.split(r"[;:]", inherited):
             if entry and (Path(entry) / skel_name).is_file():
                 _same(Path(entry) / skel_name, runtime, runtime_lib, "ADSP_LIBRARY_PATH")
                 break
+        else:
+            if len(inherited) >= 2:  # QNNConfig.Config keeps any value of 2+ characters
+                raise RuntimeBackendError(
+                    f"ADSP_LIBRARY_PATH={inherited} (inherited) holds no {skel_name}: the wheel "
+                    f"keeps an inherited value, so the DSP would find no skel and the contexts "
+                    f"fail to load; unset ADSP_LIBRARY_PATH, or add {libs} to it"
+                )
     # libQnnHtp.so dlopen()s its stub by name: the first one on LD_LIBRARY_PATH wins
     stub_name = f"libQnnHtp{dsp_arch.upper()}Stub.so"
     search = [(qnn_libs, "LD_LIBRARY_PATH (bundle qnn_libs)")] if qnn_libs else []

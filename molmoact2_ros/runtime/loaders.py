@@ -3,16 +3,22 @@
 The worker code is the same for both; only the loader differs. ``qai_appbuilder`` is imported
 here, inside the spawned worker, never in the orchestrator.
 
-Quantized I/O: a context whose inputs (or outputs) include fixed-point tensors (``ufp16``...)
-is loaded again with float I/O for that direction, because no getter exposes the tensors'
-scale/offset: the library then quantizes and dequantizes with its own parameters, and this
-side exchanges float32 (a fixed-point tensor is declared float32 to the contract check).
+Quantized I/O: no getter exposes a fixed-point tensor's scale/offset, so a context of a
+quantised suffix (``_w4a16``...) is loaded once, with float I/O: the library quantizes and
+dequantizes with its own parameters (per element, on the CPU: the latency table shows what
+that costs) and this side exchanges float32 (a fixed-point tensor is declared float32 to the
+contract check). The I/O mode is decided before the load because the library fixes it at
+load time; loading native, looking, and loading again would run the destroy path between two
+loads that the library's notes warn about. Signed fixed-point (``sfixed``) I/O is refused:
+the library cannot allocate its buffers (``IOTensor::allocateBuffer``: "Datatype not
+supported yet!") and fails the load.
 """
 
 from __future__ import annotations
 
 import importlib
 import re
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -33,12 +39,22 @@ QNN_DTYPES = {
     "bool": "bool",
 }
 #: Fixed-point spellings of ``getInputDataType()`` (QnnSampleApp and QNN enum names).
-_FIXED_POINT = re.compile(r"^(qnn_datatype_)?[us](fp|fixed_point_|fixed)(8|16|32)$")
+_FIXED_POINT = re.compile(r"^(qnn_datatype_)?[us](fp|fixed_point_|fixed)(4|8|16|32)$")
+_SIGNED_FIXED = re.compile(r"^(qnn_datatype_)?s(fp|fixed_point_|fixed)(4|8|16|32)$")
+#: QnnProfile.h ``QNN_PROFILE_EVENTTYPE_EXECUTE``: the graph execute time, in microseconds
+QNN_PROFILE_EVENTTYPE_EXECUTE = 3
+#: what the library prints when a tensor's data type has no buffer type (sfixed I/O)
+UNSUPPORTED_DTYPE_LOG = "Datatype not supported yet!"
 
 
 def is_fixed_point(qnn_dtype: str) -> bool:
     """True for ufixed/sfixed tensor types (``ufp16``, ``ufixed_point_16``, ...)."""
     return bool(_FIXED_POINT.match(str(qnn_dtype).lower()))
+
+
+def is_signed_fixed_point(qnn_dtype: str) -> bool:
+    """True for sfixed tensor types (``sfp16``, ...), which the library cannot set up."""
+    return bool(_SIGNED_FIXED.match(str(qnn_dtype).lower()))
 
 
 class LoadFailed(Exception):
@@ -109,7 +125,7 @@ class QnnLoader:
         qai.QNNConfig.Config(
             runtime=qai.Runtime.HTP,
             log_level=getattr(qai.LogLevel, spec.log_level.upper()),
-            profiling_level=qai.ProfilingLevel.OFF,
+            profiling_level=getattr(qai.ProfilingLevel, spec.profiling.upper()),
         )
 
     def load(self, spec: SessionSpec) -> QnnSession:
@@ -138,23 +154,28 @@ class QnnSession:
         self.component = spec.component
         self.path = spec.path
         self._qai, self._spec, self._worker = qai, spec, worker
-        self.input_mode = self.output_mode = qai.DataType.NATIVE
-        self._ctx = self._open(spec.model_name)
+        mode = qai.DataType.FLOAT if spec.float_io else qai.DataType.NATIVE
+        self.input_mode = self.output_mode = mode
+        self._profiling = worker.profiling.upper() != "OFF"
+        #: the last call: wall time of Inference (ms) and the library's execute time (us)
+        self.last_inference_ms = 0.0
+        self.last_execute_us = 0
+        self._ctx = self._open(spec.model_name)  # the only load of this context
         try:
             raw_in, raw_out = self._verify()
-            quant_in = any(is_fixed_point(t) for _, _, t in raw_in)
-            quant_out = any(is_fixed_point(t) for _, _, t in raw_out)
-            if quant_in or quant_out:
-                self.release()
-                if quant_in:
-                    self.input_mode = qai.DataType.FLOAT
-                if quant_out:
-                    self.output_mode = qai.DataType.FLOAT
-                self._ctx = self._open(spec.model_name + "-float-io")
-                raw_in, raw_out = self._verify()
-            self.fixed_point = tuple(
-                name for name, _, t in (*raw_in, *raw_out) if is_fixed_point(t)
-            )
+            for name, _, t in (*raw_in, *raw_out):
+                if is_signed_fixed_point(t):
+                    raise LoadFailed(self.component, _sfixed_message(self.path, name, t))
+            fixed = [(name, t) for name, _, t in (*raw_in, *raw_out) if is_fixed_point(t)]
+            if fixed and not spec.float_io:
+                raise LoadFailed(
+                    self.component,
+                    f"{self.path} has fixed-point I/O ({', '.join(f'{n}: {t}' for n, t in fixed)})"
+                    " but was loaded with native I/O, whose scale and offset no getter exposes; "
+                    "load it as a quantised set (a context suffix such as '_w4a16'), which "
+                    "uses float I/O",
+                )
+            self.fixed_point = tuple(name for name, _ in fixed)
             self.inputs = _tensor_infos(self.component, "input", raw_in)
             self.outputs = _tensor_infos(self.component, "output", raw_out)
         except Exception:
@@ -169,6 +190,11 @@ class QnnSession:
         ]
         self._host = [np.dtype(NUMPY_DTYPES[i.dtype]) for i in self.inputs]
         self._out_dtypes = [np.dtype(NUMPY_DTYPES[o.dtype]) for o in self.outputs]
+        #: elements the library converts to or from float32 on every call (float I/O only)
+        self.float_elements = (
+            sum(int(np.prod(i.shape, dtype=np.int64)) for i in self.inputs)
+            + sum(int(np.prod(o.shape, dtype=np.int64)) for o in self.outputs)
+        ) if spec.float_io else 0
 
     def _open(self, model_name: str):
         qai = self._qai
@@ -190,7 +216,9 @@ class QnnSession:
                 f"{self.path} did not load: the context reports no graph (qai_appbuilder "
                 "logs the QNN error but does not raise). Usual causes: the binary was built "
                 "with a newer QAIRT than the runtime in the wheel, for another SoC/arch, or "
-                "the DSP ran out of memory; run `molmoact2 doctor` and check the QNN log",
+                "the DSP ran out of memory; a QNN log line 'Datatype not supported yet!' means a "
+                "tensor has signed fixed-point (sfixed) I/O, which the library cannot set up: "
+                "re-export with ufixed or float I/O; run `molmoact2 doctor` and check the QNN log",
             )
         if graph != name:
             raise LoadFailed(
@@ -226,7 +254,12 @@ class QnnSession:
 
     def infer(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         # Inference mutates the list it gets (items become flattened views): pass a fresh one.
-        out = self._ctx.Inference(self.check_inputs(arrays))
+        checked = self.check_inputs(arrays)
+        start = time.perf_counter()
+        out = self._ctx.Inference(checked)
+        self.last_inference_ms = (time.perf_counter() - start) * 1e3
+        if self._profiling:
+            self.last_execute_us = int(self._ctx.getProfilingEvent(QNN_PROFILE_EVENTTYPE_EXECUTE))
         if not out:
             raise InferenceFailed(
                 self.component,
@@ -239,14 +272,31 @@ class QnnSession:
                 f"Inference returned {len(out)} outputs, expected {len(self.outputs)}",
             )
         if self.output_mode != self._qai.DataType.NATIVE:
-            return [
+            results = [
                 np.asarray(arr, np.float32).reshape(info.shape).astype(dtype, copy=False)
                 for arr, info, dtype in zip(out, self.outputs, self._out_dtypes)
             ]
+            if self.fixed_point:
+                self._check_finite(results)
+            return results
         return [
             _native_output(self.component, arr, info, dtype)
             for arr, info, dtype in zip(out, self.outputs, self._out_dtypes)
         ]
+
+    def _check_finite(self, results: list[np.ndarray]) -> None:
+        """A fixed-point session's float outputs come from the library's dequantisation with
+        a scale nobody can see: a NaN or infinite value (a broken scale) fails the call
+        instead of turning into a finite wrong chunk downstream."""
+        for arr, info in zip(results, self.outputs):
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+                raise InferenceFailed(
+                    self.component,
+                    f"output {info.name} has {bad} non-finite values out of {arr.size} (a "
+                    "fixed-point session: the library's dequantisation scale or offset is "
+                    "broken); the call counts as failed",
+                )
 
     def release(self) -> None:
         ctx, self._ctx = getattr(self, "_ctx", None), None
@@ -266,6 +316,12 @@ def _raw_tensors(
     return [
         (str(n), tuple(int(d) for d in shape), str(t)) for n, shape, t in zip(names, shapes, dtypes)
     ]
+
+
+def _sfixed_message(path: str, tensor: str, qnn_dtype: str) -> str:
+    return (f"{path}: tensor {tensor} is {qnn_dtype}, signed fixed-point I/O, which "
+            "qai_appbuilder cannot set up (no buffer type for sfixed; the load fails with "
+            "'Datatype not supported yet!'); re-export the context with ufixed or float I/O")
 
 
 def _tensor_infos(

@@ -32,6 +32,15 @@ class ResidentOptions:
     #: QNN runtime / DSP skel folders ("" = the bundle's qnn_libs/ and dsp_libs/ if present)
     qnn_libs: str = ""
     dsp_libs: str = ""
+    #: use a bundle's own qnn_libs/ and dsp_libs/ (off: the wheel's runtime, e.g. for the
+    #: seed workspace's QAIRT 2.47 folders under the 2.51.40 wheel)
+    bundle_libs: bool = True
+    #: ProfilingLevel of every worker ("OFF", "BASIC"): BASIC lets the latency table read the
+    #: library's own NPU execute time per call, at the cost of an event walk per execute
+    profiling: str = "OFF"
+    #: folder for the restart record (restart times and whether a worker crashed), so the
+    #: restart cap and the reboot hint survive a node restart ("" = in memory only)
+    state_dir: str = ""
 
     @classmethod
     def from_kwargs(cls, options: Mapping[str, object]) -> ResidentOptions:
@@ -49,6 +58,9 @@ class ResidentOptions:
             raise RuntimeBackendError(
                 f"load_order must be one of {', '.join(LOAD_ORDERS)}, got {opts.load_order!r}"
             )
+        if str(opts.profiling).upper() not in ("OFF", "BASIC", "DETAILED"):
+            raise RuntimeBackendError(
+                f"profiling must be OFF, BASIC or DETAILED, got {opts.profiling!r}")
         if int(opts.max_restarts) < 0:
             raise RuntimeBackendError(f"max_restarts must be >= 0, got {opts.max_restarts}")
         return opts

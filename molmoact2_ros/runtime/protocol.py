@@ -25,6 +25,7 @@ OP_CALL = 3  # run one session on pickled feeds, reply pickled outputs (parity, 
 OP_ATTACH = 4  # pickled (layout, bindings, status index); the arena fd follows (SCM_RIGHTS)
 OP_PING = 5
 OP_STOP = 6  # release the perf vote and the contexts, reply, exit
+OP_STATS = 7  # per-session call timings since the last OP_STATS (pickled), then cleared
 
 #: OP_RUN flag: answer ST_HANDOFF as soon as the binding's hand-off outputs are in the arena,
 #: then ST_OK once every output is (the next split starts while this one copies its K/V)
@@ -44,6 +45,7 @@ OP_NAMES = {
     OP_ATTACH: "arena attach",
     OP_PING: "ping",
     OP_STOP: "stop",
+    OP_STATS: "a timing request",
 }
 
 
@@ -54,6 +56,9 @@ class SessionSpec:
     component: str
     path: str
     model_name: str
+    #: load with float I/O (the library converts, with the tensors' own scale and offset):
+    #: decided before the one load, for every context of a quantised suffix
+    float_io: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,9 @@ class WorkerSpec:
     #: qnn_libs is prepended to LD_LIBRARY_PATH, dsp_libs becomes ADSP_LIBRARY_PATH
     qnn_libs: str = ""
     dsp_libs: str = ""
+    #: ProfilingLevel name; BASIC makes the library keep each execute's events, so the worker
+    #: can read the NPU execute time (getProfilingEvent) the latency table reports
+    profiling: str = "OFF"
 
     @property
     def components(self) -> tuple[str, ...]:

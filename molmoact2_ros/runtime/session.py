@@ -53,6 +53,8 @@ class Geometry:
 
     dims: Mapping[str, int]
     layers_per_split: tuple[int, ...]
+    #: how action_context's k_ctx/v_ctx were taken (5-D as declared, or flat and reshaped)
+    kv_ctx_shape: str = ""
 
     def __getitem__(self, symbol: str) -> int:
         return self.dims[symbol]
@@ -93,6 +95,7 @@ def bind_contracts(
     says what to do about it.
     """
     bound: dict[str, tuple[int, str]] = {}
+    flat: list[tuple[str, str, TensorInfo]] = []
     for component in COMPONENTS:
         if component not in sessions:
             raise ContractError(f"session {component!r} is missing from the set")
@@ -110,13 +113,58 @@ def bind_contracts(
                         f"{', '.join(by_name) or 'none'}); the graph does not match the "
                         f"{variant.name} contract"
                     )
+                if spec.name in KV_CTX and len(info.shape) != len(spec.shape):
+                    flat.append((component, kind, info))  # checked once L, S (AH, AD) bind
+                    continue
                 _bind_tensor(component, kind, spec, info, bound)
         if component == "llm_split0":
             _check_image_tokens_fit(bound)
+    kv_ctx_shape = _bind_flat_kv_ctx(flat, bound)
     _check_relations(bound, variant)
     dims = {k: v for k, (v, _) in bound.items()}
     layers = tuple(dims[f"L{i}"] for i in range(len(variant.llm_splits)))
-    return Geometry(dims=dims, layers_per_split=layers)
+    return Geometry(dims=dims, layers_per_split=layers, kv_ctx_shape=kv_ctx_shape)
+
+
+#: action_context → action_step tensors that may come flat (the reference runtime reshapes)
+KV_CTX = ("k_ctx", "v_ctx")
+#: (heads, head dim) the reference runtime reshapes a flat k_ctx/v_ctx with: [L, 1, S, 8, 96]
+REFERENCE_KV_CTX_HEADS = (8, 96)
+
+
+def _bind_flat_kv_ctx(flat: list[tuple[str, str, TensorInfo]],
+                      bound: dict[str, tuple[int, str]]) -> str:
+    """Accept k_ctx/v_ctx flat ([N] or [L, 1, S, AH*AD]) as the reference runtime does.
+
+    The element count must be L*S*AH*AD with AH, AD from a 5-D side when one exists, else the
+    reference runtime's (8, 96). Returns how the shape was taken, for the contract check's
+    report ("" when every side is 5-D).
+    """
+    if not flat:
+        return ""
+    length, seq = bound["L"][0], bound["S"][0]
+    if "AH" not in bound:
+        heads, head_dim = REFERENCE_KV_CTX_HEADS
+        bound["AH"] = (heads, "the reference runtime's reshape of a flat k_ctx")
+        bound["AD"] = (head_dim, "the reference runtime's reshape of a flat k_ctx")
+        source = "the reference runtime's heads"
+    else:
+        heads, head_dim = bound["AH"][0], bound["AD"][0]
+        source = "the 5-D side's heads"
+    want = length * seq * heads * head_dim
+    notes = []
+    for component, kind, info in flat:
+        size = int(np.prod(info.shape, dtype=np.int64))
+        where = _where(component, kind, info)
+        if size != want:
+            raise ContractError(
+                f"{where} has {size} elements but [L,1,S,AH,AD] = [{length},1,{seq},{heads},"
+                f"{head_dim}] needs {want}; this action_context does not chain with the "
+                "action_step and LLM contexts"
+            )
+        notes.append(f"{component} {kind} {info.name}{list(info.shape)}")
+    return (f"flat k_ctx/v_ctx ({'; '.join(notes)}) reshaped to [{length},1,{seq},{heads},"
+            f"{head_dim}] ({source})")
 
 
 def _bind_tensor(

@@ -1,4 +1,5 @@
-"""How worker processes are started: one spawner thread, a hidden ``__main__``, their library paths.
+"""How worker processes are started: one spawner thread, a hidden ``__main__``, their library paths
+(set in the worker, never in this process).
 
 Every worker is spawned from one long-lived daemon thread (``SPAWNER``): a worker's
 ``PR_SET_PDEATHSIG`` fires when the *thread* that forked it exits, so a short-lived reload
@@ -7,6 +8,7 @@ thread must never be that thread.
 
 from __future__ import annotations
 
+import glob
 import os
 import queue
 import sys
@@ -82,28 +84,34 @@ class _HideParentMain:
 PARENT_MAIN_HIDDEN = _HideParentMain()
 
 
-class worker_environment:  # noqa: N801 (a context manager used like a function)
-    """While one worker is spawned, give it the bundle's QNN/DSP library folders.
+#: the first bytes of an ELF file (a placeholder of another kind is not preloaded)
+_ELF = b"\x7fELF"
 
-    Set here, in the spawner thread, because the dynamic loader reads ``LD_LIBRARY_PATH``
-    only when the process starts; the variables are restored right after the spawn.
+
+def apply_library_paths(spec: WorkerSpec) -> list[str]:
+    """In the worker, before QNN is imported: the bundle's QNN/DSP library folders.
+
+    Only the worker's own environment changes; the orchestrator's never does (another of its
+    threads may read it while workers spawn, and a C-level ``getenv`` racing ``setenv`` can
+    crash). ``ADSP_LIBRARY_PATH`` is read by FastRPC when the DSP session opens, so setting it
+    here is in time; ``LD_LIBRARY_PATH`` is read by the dynamic loader only at process start,
+    so it is set here for the worker's own children (the library's service process) and the
+    stub that ``libQnnHtp.so`` opens by name is preloaded from ``qnn_libs`` instead: a library
+    opened by name is found among the loaded ones by its soname first. Returns what was
+    preloaded.
     """
+    import ctypes
 
-    def __init__(self, spec: WorkerSpec) -> None:
-        self._changes: dict[str, str] = {}
-        if spec.qnn_libs:
-            old = os.environ.get("LD_LIBRARY_PATH", "")
-            self._changes["LD_LIBRARY_PATH"] = spec.qnn_libs + (os.pathsep + old if old else "")
-        if spec.dsp_libs:
-            self._changes["ADSP_LIBRARY_PATH"] = spec.dsp_libs
-
-    def __enter__(self) -> None:
-        self._saved = {k: os.environ.get(k) for k in self._changes}
-        os.environ.update(self._changes)
-
-    def __exit__(self, *exc: object) -> None:
-        for key, value in self._saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    preloaded = []
+    if spec.dsp_libs:
+        os.environ["ADSP_LIBRARY_PATH"] = spec.dsp_libs
+    if spec.qnn_libs:
+        old = os.environ.get("LD_LIBRARY_PATH", "")
+        os.environ["LD_LIBRARY_PATH"] = spec.qnn_libs + (os.pathsep + old if old else "")
+        for path in sorted(glob.glob(os.path.join(spec.qnn_libs, "libQnnHtpV*Stub.so"))):
+            with open(path, "rb") as f:
+                if f.read(4) != _ELF:
+                    continue
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            preloaded.append(path)
+    return preloaded

@@ -33,7 +33,7 @@ from .protocol import (
     request,
     split_error,
 )
-from .spawn import PARENT_MAIN_HIDDEN, SPAWNER, worker_environment
+from .spawn import PARENT_MAIN_HIDDEN, SPAWNER
 from .worker import worker_main
 
 LOG = logging.getLogger("molmoact2_ros.runtime")
@@ -83,10 +83,10 @@ class WorkerHandle:
             name=f"molmoact2-{self.name}",
             daemon=True,
         )
-        process, spec = self.process, self.spec
+        process = self.process
 
         def start() -> None:
-            with PARENT_MAIN_HIDDEN, worker_environment(spec):
+            with PARENT_MAIN_HIDDEN:
                 process.start()
 
         try:

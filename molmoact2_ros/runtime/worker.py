@@ -39,6 +39,7 @@ from .protocol import (
     OP_CALL,
     OP_PING,
     OP_RUN,
+    OP_STATS,
     OP_STOP,
     REQUEST,
     RUN_HANDOFF,
@@ -56,6 +57,7 @@ from .protocol import (
     reply,
 )
 from .session import NUMPY_DTYPES, TensorInfo, cast_feeds
+from .spawn import apply_library_paths
 
 EXIT_OK = 0
 EXIT_LOAD_FAILED = 3
@@ -130,6 +132,11 @@ def worker_main(spec: WorkerSpec, conn: Connection, lifeline: Connection) -> Non
     code = EXIT_OK
     server = None
     try:
+        apply_library_paths(spec)  # this process's environment only, before QNN is imported
+    except OSError as exc:
+        print(f"molmoact2 worker {spec.worker}: cannot preload from qnn_libs {spec.qnn_libs}: "
+              f"{exc}", file=sys.stderr)
+    try:
         # keep ``server`` referenced until os._exit: dropping it would destroy every context
         # through refcounting (ModelDestroy), which release_on_exit=False must avoid
         server = _Server(spec, conn, heap_warm)
@@ -167,8 +174,10 @@ def _slot_view(arena: Arena, slot: Slot, info: TensorInfo) -> np.ndarray:
 class BoundSession:
     """A session wired to the arena: inputs gathered without copies, outputs copied in place."""
 
-    def __init__(self, session: WorkerSession, binding: Binding, arena: Arena) -> None:
+    def __init__(self, session: WorkerSession, binding: Binding, arena: Arena,
+                 record: Callable[[str, float, WorkerSession], None] | None = None) -> None:
         self.session = session
+        self._record = record
         self.arrays: list[np.ndarray] = []
         self._casts: list[tuple[np.ndarray, np.ndarray]] = []
         self._local: dict[str, tuple[int, np.ndarray]] = {}
@@ -212,6 +221,7 @@ class BoundSession:
     def run(self, handoff: Callable[[], None] | None = None) -> list[np.ndarray]:
         """Run once; outputs go into the arena, the hand-off ones first, then ``handoff()``
         (the next session may start), then the others."""
+        start = time.perf_counter()
         for src, dst in self._casts:
             np.copyto(dst, src, casting="unsafe")
         outs = self.session.infer(self.arrays)
@@ -221,6 +231,9 @@ class BoundSession:
             handoff()
         for dst, index in self._rest:
             np.copyto(dst, outs[index], casting="unsafe")
+        if self._record is not None:
+            self._record(self.session.component, (time.perf_counter() - start) * 1e3,
+                         self.session)
         return outs
 
 
@@ -237,6 +250,8 @@ class _Server:
         self.arena: Arena | None = None
         self.status: np.ndarray | None = None
         self.current = spec.components[0]
+        #: per session since the last OP_STATS: (call ms, Inference ms, library execute us)
+        self.timings: dict[str, list[tuple[float, float, int]]] = {}
 
     # -- life cycle --------------------------------------------------------------------------
     def start(self) -> bool:
@@ -263,6 +278,10 @@ class _Server:
             "fixed_point": {
                 c: getattr(s, "fixed_point", ()) for c, s in self.sessions.items()
             },
+            "float_elements": {
+                c: getattr(s, "float_elements", 0) for c, s in self.sessions.items()
+            },
+            "loaded": list(self.sessions),
         }
         self._send(reply(ST_READY, 0, dumps((declared, stats))))
         return True
@@ -285,7 +304,9 @@ class _Server:
 
     def serve(self) -> int:
         if not self.start():
-            self.shutdown()
+            # the contexts that did load stay loaded unless release_on_exit: destroying them
+            # is the teardown path that can crash, and os._exit frees them with the process
+            self.shutdown(release_contexts=self.spec.release_on_exit)
             return EXIT_LOAD_FAILED
         while True:
             try:
@@ -337,6 +358,9 @@ class _Server:
             return b""
         if op == OP_PING:
             return b""
+        if op == OP_STATS:
+            timings, self.timings = self.timings, {}
+            return dumps(timings)
         raise ValueError(f"unknown request op {op}")
 
     def attach(self, payload: bytes) -> None:
@@ -345,8 +369,16 @@ class _Server:
         self.arena = Arena.attach(layout, fd)
         self.status = self.arena.view("status")[status_index : status_index + 1]
         self.bound = {
-            c: BoundSession(self.sessions[c], bindings[c], self.arena) for c in self.sessions
+            c: BoundSession(self.sessions[c], bindings[c], self.arena, self._record)
+            for c in self.sessions
         }
+
+    def _record(self, component: str, call_ms: float, session: WorkerSession) -> None:
+        """Keep one call's times: the whole call here, the library's Inference and the NPU
+        execute time the library reports (0 when profiling is off or it reports none)."""
+        entry = (call_ms, float(getattr(session, "last_inference_ms", 0.0)),
+                 int(getattr(session, "last_execute_us", 0)))
+        self.timings.setdefault(component, []).append(entry)
 
     def _bound(self, component: str) -> BoundSession:
         if not self.bound:

@@ -83,6 +83,8 @@ CASES = [
     ({"runtime.call_timeout_s": "5"}, ["runtime.call_timeout_s", "a number"]),
     ({"runtime.call_timeout_s": 0.0}, ["runtime.call_timeout_s", "out of range"]),
     ({"runtime.load_order": "random"}, ["runtime.load_order", "parallel, sequential"]),
+    ({"runtime.state_dir": 3}, ["runtime.state_dir", "a string"]),
+    ({"runtime.bundle_libs": "no"}, ["runtime.bundle_libs", "a boolean"]),
     ({"execution.start": "later"}, ["execution.start", "observation, receipt"]),
     ({"execution.blend": 1}, ["execution.blend", "a string"]),
     ({"execution.blend": "smooth"}, ["execution.blend", "crossfade, ensemble, inpaint"]),

@@ -6,6 +6,7 @@ or memfd mapping is left behind.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -359,3 +360,78 @@ def test_bundle_library_folders_reach_the_worker_environment(clean, tiny_root, t
         assert str(root / "qnn_libs") in ld.split(os.pathsep)
     assert "ADSP_LIBRARY_PATH" not in os.environ or os.environ["ADSP_LIBRARY_PATH"] != str(
         root / "dsp_libs")  # restored in this process
+
+
+# -- loading as the library needs it -----------------------------------------------------------
+def test_each_context_is_loaded_once_also_quantized(clean, tiny_root, events):
+    """A quantised set is loaded with float I/O straight away: one load per context, no
+    destroy between two loads."""
+    from molmoact2_ros.bundle.bundle import Suffixes
+
+    suffixes = Suffixes(vision="_w4a16", llm="_w4a16", action="_w4a16")
+    with ResidentPipeline.open(Bundle.open(tiny_root / VARIANT), suffixes,
+                               call_timeout_s=TIMEOUT_S, stop_timeout_s=TIMEOUT_S) as pipe:
+        pids = set(pipe.worker_pids().values())
+        stats = pipe.load_stats()
+    loads = [text.split()[1] for pid, _, text in _read_events(events)
+             if pid in pids and text.startswith("load_start")]
+    assert sorted(loads) == sorted(["vision", "llm_split0", "llm_split1", "llm_split2",
+                                    "llm_split3", "action_context", "action_step"])
+    assert not [t for p, _, t in _read_events(events) if p in pids and t.startswith("destroy")]
+    assert stats["vision"]["float_elements"]["vision"] > 0
+    assert stats["action"]["float_elements"] == {"action_context": 0,
+                                                 "action_step": stats["action"]["float_elements"]
+                                                 ["action_step"]}
+
+
+def test_a_failed_load_leaves_loaded_contexts_alone_without_release_on_exit(
+        clean, inject, tiny_root, events):
+    inject("action_step", "fail_load")
+    with pytest.raises(WorkerFailed, match="action_step"):
+        _open(tiny_root)
+    rows = _read_events(events)
+    action = {pid for pid, _, text in rows if text == "load_end action_context"}
+    assert action, rows
+    assert not [t for p, _, t in rows if p in action and t.startswith("destroy")]
+
+
+def test_restart_cap_and_reboot_hint_survive_a_new_pipeline(clean, inject, tiny_root, tmp_path):
+    """The record under runtime.state_dir: restarts of an earlier process count against the
+    cap, and a load failing after an earlier crash carries the reboot hint."""
+    state = tmp_path / "run"
+    with _open(tiny_root, max_restarts=1, state_dir=str(state)) as pipe:
+        os.kill(pipe.worker_pids()["vision"], signal.SIGKILL)
+        with pytest.raises(WorkerFailed):
+            pipe.run_vision()
+        pipe.restart()
+    record = json.loads((state / "htp_runtime_state.json").read_text())
+    assert len(record["restarts"]) == 1 and record["crashed"] is False
+    with _open(tiny_root, max_restarts=1, state_dir=str(state)) as pipe:  # "the node restarted"
+        os.kill(pipe.worker_pids()["vision"], signal.SIGKILL)
+        with pytest.raises(WorkerFailed):
+            pipe.run_vision()
+        with pytest.raises(RuntimeBackendError, match=r"restart refused: 1 restarts"):
+            pipe.restart()
+    assert json.loads((state / "htp_runtime_state.json").read_text())["crashed"] is True
+    inject("vision", "fail_load")
+    with pytest.raises(WorkerFailed, match=r"a worker crashed in an earlier run .*reboot may "
+                       "be needed"):
+        _open(tiny_root, state_dir=str(state))
+
+
+def test_library_paths_are_set_in_the_workers_only(clean, tiny_root, tmp_path, monkeypatch):
+    """The orchestrator's environment is never written while workers spawn (another thread
+    may be reading it): the folders reach the workers through their own environment."""
+    root = _with_libs(tiny_root, tmp_path, "2.51.40.260930230134")
+    written = []
+    environ_type = type(os.environ)
+    original = environ_type.__setitem__
+
+    def recording(self, key, value):
+        written.append(key)
+        original(self, key, value)
+
+    monkeypatch.setattr(environ_type, "__setitem__", recording)
+    with ResidentPipeline.open(Bundle.open(root), call_timeout_s=TIMEOUT_S) as pipe:
+        _chunk(pipe)
+    assert not {"LD_LIBRARY_PATH", "ADSP_LIBRARY_PATH"} & set(written), written

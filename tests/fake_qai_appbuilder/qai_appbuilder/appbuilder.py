@@ -18,10 +18,18 @@ with onnxruntime. Behaviour mirrored from the qai_appbuilder 2.51.40 C++ sources
 * native outputs are flat and labelled like ``inferOutputNumpyDtype``: by bytes per element
   (int32 → "float32", uint16/ufp16 → "float16"), 1 byte → int8/bool/uint8 and 8 bytes →
   int64/float64/uint64 by the reported type;
-* fixed-point tensors (``ufp16``/``ufp8``/``sfp16``/``sfp8``: ``quant`` in the context header)
-  carry a scale and offset (``float = (q + offset) * scale``) that no getter exposes; float
-  mode quantizes inputs and dequantizes outputs with them, native mode passes raw codes;
-* float mode casts inputs to float32 and outputs back to float32;
+* fixed-point tensors (``ufp16``/``ufp8``: ``quant`` in the context header) carry a scale and
+  offset (``float = (q + offset) * scale``) that no getter exposes; float mode quantizes
+  inputs and dequantizes outputs with them, native mode passes raw codes;
+* signed fixed-point I/O (``sfp16``/``sfp8``) fails the load like ``IOTensor::allocateBuffer``
+  ("Datatype not supported yet!" → "Setup Input and Output Tensors failure"): the model is
+  not registered, so the getters answer empty;
+* float mode converts every element on its own, as the library's scalar loops do on Linux
+  (``floatToTfN``/``tfNToFloat``/``float32ToFloatN``, no vector path there): the cost per
+  call grows with the element count (``STATE["float_elements"]`` counts them);
+* ``getProfilingEvent(3)`` (``QNN_PROFILE_EVENTTYPE_EXECUTE``) gives the last graph
+  execute's time in microseconds once ``ProfilingLevel`` is BASIC or DETAILED, 0 otherwise;
+  the execute time covers the graph only, not the copies and conversions around it;
 * ``set_perf_profile`` refuses until a model is initialised in the process, and
   ``rel_perf_profile`` refuses when no vote was set.
 
@@ -62,7 +70,10 @@ STATE: dict[str, object] = {
     "perf_releases": 0,
     "input_copy_bytes": 0,
     "output_alloc_bytes": 0,
+    "float_elements": 0,
 }
+#: QnnProfile.h QNN_PROFILE_EVENTTYPE_EXECUTE
+PROFILE_EVENT_EXECUTE = 3
 
 _ONNX_TO_NATIVE = {
     "tensor(float)": "float", "tensor(float16)": "float16", "tensor(int32)": "int32",
@@ -74,6 +85,7 @@ _NUMPY = {
     "ufp16": np.uint16, "ufp8": np.uint8, "sfp16": np.int16, "sfp8": np.int8,
 }
 _FIXED_POINT = {"ufp16", "ufp8", "sfp16", "sfp8"}
+_NO_BUFFER_TYPE = {"sfp16", "sfp8", "sfp4", "sfp32"}  # IOTensor::allocateBuffer has no case
 _ONNX_NUMPY = {
     "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int32)": np.int32,
     "tensor(int64)": np.int64, "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_,
@@ -136,13 +148,17 @@ def rel_perf_profile() -> bool:
     return True
 
 
-def injected(kind: str, graph: str) -> bool:
-    """Is failure ``kind`` requested for ``graph`` (environment or marker file)?"""
-    names = os.environ.get(f"FAKE_QAI_{kind.upper()}", "")
-    if graph in {n.strip() for n in names.split(",") if n.strip()}:
+def injected(kind: str, graph: str, context: str = "") -> bool:
+    """Is failure ``kind`` requested for ``graph``, or for the context file named ``context``
+    (its stem, e.g. ``vision_w4a16_socid77_archv73``: one suffix only), by the environment
+    or a marker file?"""
+    names = {n.strip() for n in os.environ.get(f"FAKE_QAI_{kind.upper()}", "").split(",")}
+    if graph in names or (context and context in names):
         return True
     folder = os.environ.get("FAKE_QAI_CONTROL_DIR")
-    return bool(folder) and os.path.exists(os.path.join(folder, f"{graph}.{kind}"))
+    return bool(folder) and any(
+        os.path.exists(os.path.join(folder, f"{name}.{kind}")) for name in (graph, context)
+        if name)
 
 
 class _Tensor:
@@ -171,12 +187,31 @@ class _Tensor:
     def quantize(self, values: np.ndarray) -> np.ndarray:
         """``floatToTfN``: codes = round(x / scale - offset), clamped to the type's range."""
         info = np.iinfo(self.np_dtype)
-        codes = np.rint(values.astype(np.float64) / self.scale - self.offset)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            codes = np.rint(values.astype(np.float64) / self.scale - self.offset)
+        codes = np.nan_to_num(codes, nan=info.min)  # a C cast of NaN is undefined; pick one
         return np.clip(codes, info.min, info.max).astype(self.np_dtype)
 
     def dequantize(self, codes: np.ndarray) -> np.ndarray:
         """``tfNToFloat``: x = (codes + offset) * scale."""
         return ((codes.astype(np.float64) + self.offset) * self.scale).astype(np.float32)
+
+    def to_native_per_element(self, values: np.ndarray) -> np.ndarray:
+        """float32 → the tensor's type, element by element (each value goes through a Python
+        float: no vector path, like the library's scalar loop on Linux)."""
+        scalars = np.array(values.tolist(), np.float64)  # one element at a time
+        STATE["float_elements"] = int(STATE["float_elements"]) + values.size  # type: ignore[call-overload]
+        if self.fixed_point:
+            return self.quantize(scalars)
+        return scalars.astype(self.np_dtype)
+
+    def to_float_per_element(self, native: np.ndarray) -> np.ndarray:
+        """The tensor's type → float32, element by element (``convertToFloat``)."""
+        scalars = np.array(native.tolist(), np.float64)  # one element at a time
+        STATE["float_elements"] = int(STATE["float_elements"]) + native.size  # type: ignore[call-overload]
+        if self.fixed_point:
+            return ((scalars + self.offset) * self.scale).astype(np.float32)
+        return scalars.astype(np.float32)
 
     def fill(self, data: np.ndarray) -> np.ndarray:
         """memcpy of the tensor's byte size into its client buffer; no size check."""
@@ -210,13 +245,27 @@ class _Graph:
 
         self.inputs = tensors(self.session.get_inputs())
         self.outputs = tensors(self.session.get_outputs())
+        if any(t.dtype in _NO_BUFFER_TYPE for t in (*self.inputs, *self.outputs)):
+            _log("Datatype not supported yet!")
+            _log("Failure in setupTensors, cleaning up resources")
+            raise _SetupFailed("Setup Input and Output Tensors failure")
+        self.last_execute_us = 0
+
+
+class _SetupFailed(Exception):
+    """``setupInputAndOutputTensors`` failed: the model is not registered."""
 
 
 class _Engine:
     """What ``QnnInferenceEngine`` holds after ``contextCreateFromBinary``: the graphs."""
 
-    def __init__(self, graphs: list[_Graph]) -> None:
+    def __init__(self, graphs: list[_Graph], path: str = "") -> None:
         self.graphs = graphs
+        self.context = _stem(path)
+
+
+def _stem(model_path: str) -> str:
+    return os.path.splitext(os.path.basename(str(model_path)))[0]
 
 
 def _load(model_path: str, device_id: int, enable_graphs: list[str]) -> _Engine | None:
@@ -240,19 +289,22 @@ def _load(model_path: str, device_id: int, enable_graphs: list[str]) -> _Engine 
         if enable_graphs and entry["name"] not in enable_graphs:
             continue
         _event(f"load_start {entry['name']}")
-        _maybe_fail(entry["name"], "_load")
-        if injected("fail_load", entry["name"]):
+        _maybe_fail(entry["name"], "_load", _stem(model_path))
+        if injected("fail_load", entry["name"], _stem(model_path)):
             _log(f"Context create from binary failed for {entry['name']}: err 1002 (injected)")
             return None
         onnx_bytes = payload[entry["offset"] : entry["offset"] + entry["size"]]
         try:
             graphs.append(_Graph(entry["name"], onnx_bytes, header.get("float_io", "float16"),
                                  entry.get("quant")))
+        except _SetupFailed as exc:
+            _log(str(exc))
+            return None
         except Exception as exc:
             _log(f"Could not create context from binary {model_path}: {exc}")
             return None
         _event(f"load_end {entry['name']}")
-    return _Engine(graphs) if graphs else None
+    return _Engine(graphs, model_path) if graphs else None
 
 
 class QNNContext:
@@ -314,6 +366,13 @@ class QNNContext:
         return [t.name for t in graph.outputs] if graph else []
 
     def getProfilingEvent(self, event_type: int) -> int:
+        """The value of the first event of this type of the last execute (0 when profiling is
+        off, or for types the fake does not produce)."""
+        engine = _MODELS.get(self._name)
+        if engine is None or int(STATE["profiling_level"]) < 1:  # type: ignore[call-overload]
+            return 0
+        if int(event_type) == PROFILE_EVENT_EXECUTE:
+            return max(g.last_execute_us for g in engine.graphs)
         return 0
 
     def Inference(self, inputs, perf_profile, graphIndex, input_data_type, output_data_type):
@@ -321,8 +380,9 @@ class QNNContext:
         if graph is None:
             _log(f"ModelInference: no model {self._name!r} or graph {graphIndex}")
             return []
-        _maybe_fail(graph.name)
-        if injected("fail_inference", graph.name):
+        context = _MODELS[self._name].context
+        _maybe_fail(graph.name, "", context)
+        if injected("fail_inference", graph.name, context):
             _log(f"graphExecute failed for {graph.name}: err 1003 (injected)")
             return []
         if len(inputs) != len(graph.inputs):
@@ -335,12 +395,12 @@ class QNNContext:
                 raw = tensor.fill(array)
             else:  # copyFromFloatToNative: force-cast to float32, convert per tensor type
                 values = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
-                codes = (tensor.quantize(values) if tensor.fixed_point
-                         else values.astype(tensor.np_dtype))
-                raw = tensor.fill(codes)
+                raw = tensor.fill(tensor.to_native_per_element(values))
             value = tensor.dequantize(raw) if tensor.fixed_point else raw
             feeds[tensor.name] = value.reshape(tensor.shape).astype(tensor.onnx_dtype)
+        start = time.perf_counter()  # graphExecute: what the library's profile event times
         results = graph.session.run([t.name for t in graph.outputs], feeds)
+        graph.last_execute_us = int((time.perf_counter() - start) * 1e6)
         outputs = []
         for result, tensor in zip(results, graph.outputs):
             values = np.asarray(result).reshape(-1)
@@ -351,8 +411,7 @@ class QNNContext:
                 out[...] = native.view(np.uint8)
                 out = out.view(output_label(tensor.np_dtype.itemsize, tensor.dtype))
             else:
-                out = tensor.dequantize(native) if tensor.fixed_point else native.astype(
-                    np.float32)
+                out = tensor.to_float_per_element(native)
             STATE["output_alloc_bytes"] = int(STATE["output_alloc_bytes"]) + out.nbytes  # type: ignore[call-overload]
             outputs.append(out)
         return outputs
@@ -365,9 +424,10 @@ class QNNContext:
                 _maybe_fail(graph.name, "_release")
 
 
-def _maybe_fail(graph: str, stage: str = "") -> None:
-    """Crash or hang if asked for this graph at this stage ("" = graphExecute)."""
-    if injected("crash" + stage, graph):
+def _maybe_fail(graph: str, stage: str = "", context: str = "") -> None:
+    """Crash or hang if asked for this graph (or context file) at this stage ("" =
+    graphExecute)."""
+    if injected("crash" + stage, graph, context):
         _log(f"simulating a segfault in {stage[1:] or 'graphExecute'} of {graph}")
         try:
             import resource
@@ -378,7 +438,7 @@ def _maybe_fail(graph: str, stage: str = "") -> None:
         os.kill(os.getpid(), signal.SIGSEGV)
         time.sleep(5)
         os._exit(139)
-    if injected("hang" + stage, graph):
+    if injected("hang" + stage, graph, context):
         _log(f"simulating a hung {stage[1:] or 'graphExecute'} of {graph}")
         while True:
             time.sleep(3600)
