@@ -146,6 +146,8 @@ REPLAY_CASES = [
      r"--record bag .* contains the input bag .*obs"),
     ("report-inside-the-bag", _raw, ["--report", "{tmp}/obs/report", "--force"],
      r"--report .*obs/report lies inside the input bag"),
+    ("record-dir-holds-the-bag", _raw, ["--record-dir", "{tmp}", "--force"],
+     r"--record-dir .* contains the input bag .*obs"),
     ("record-is-the-golden", _raw, ["--golden", "{tmp}/golden.npz", "--record",
                                     "{tmp}/golden.npz", "--force"],
      r"--record bag .*golden\.npz is the input --golden"),
