@@ -14,7 +14,7 @@ from typing import Any
 
 from ..bundle.variants import VARIANTS
 from ..errors import MolmoActError
-from .args import example, float_in, int_at_least
+from .args import example, float_in, int_at_least, int_in
 from .libero_ray import ENV_MEMORY_GB
 from .ray_args import add_ray_args
 from .replay import SIGNAL_EXIT, _Signals, parse_set
@@ -173,7 +173,8 @@ def register(sub) -> None:
                    "evaluation 50, OpenVLA 10)")
     p.add_argument("--image-rotation", default="180", choices=list(ROTATIONS),
                    help="how renders reach the policy: 180 as the training data, vflip, none")
-    p.add_argument("--seed", type=int, help="noise seed of the policy and the env seed base "
+    p.add_argument("--seed", type=int_in(0, 2**31 - 1),
+                   help="noise seed of the policy and the env seed base "
                    "(default 7 for the policy, 0 for the env)")
     p.add_argument("--set", action="append", metavar="NAME=VALUE",
                    help="any node parameter (config/policy.yaml), e.g. execution.blend=crossfade")
