@@ -5,6 +5,9 @@ BUNDLE ?= .cache/tiny-bundle
 DEMO ?= .cache/demo
 TASK ?= put both the alphabet soup and the tomato sauce in the basket
 BIN := $(VENV)/bin
+# headless rendering of the LIBERO tests: egl (libegl1 libegl-mesa0 libgl1-mesa-dri) or osmesa
+# (libosmesa6); .ci/run installs both on a fresh Debian/Ubuntu machine run as root
+MUJOCO_GL ?= egl
 
 .PHONY: help install bundle demo test lint docs clean
 .DEFAULT_GOAL := help
@@ -16,7 +19,8 @@ help: ## list the targets
 	@awk -F':.*## ' '/^[a-z]+:.*## / {printf "  %-9s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(BIN)/molmoact2: setup.py
-	@echo "== make: install: molmoact2_ros and its test extra into $(VENV) (1-2 min the first time)"
+	@echo "== make: install: molmoact2_ros and its test extra into $(VENV), LIBERO included"
+	@echo "   (about 2.5 GB; 2-4 min the first time)"
 	@start=$$(date +%s); \
 	$(PYTHON) -m venv $(VENV) && \
 	$(BIN)/python -m pip install --quiet --upgrade pip && \
@@ -55,8 +59,8 @@ lint: install ## ruff over the repository
 	@$(BIN)/ruff check .
 
 test: lint bundle ## lint, then the whole test suite on the tiny bundles (what CI runs)
-	@echo "== make: test: pytest (tests that need ROS 2 skip without it)"
-	@MOLMOACT2_TINY_BUNDLE=$(abspath $(BUNDLE)) $(BIN)/python -m pytest -q
+	@echo "== make: test: pytest (tests that need ROS 2 skip without it; LIBERO renders with MUJOCO_GL=$(MUJOCO_GL))"
+	@MUJOCO_GL=$(MUJOCO_GL) MOLMOACT2_TINY_BUNDLE=$(abspath $(BUNDLE)) $(BIN)/python -m pytest -q
 
 docs: install ## regenerate docs/parameters.md from the parameter table
 	@echo "== make: docs: docs/parameters.md from control/params.py"

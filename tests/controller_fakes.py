@@ -28,6 +28,7 @@ class FakePolicy:
         self.fail: BaseException | None = None
         self.gate: threading.Event | None = None
         self.closed = False
+        self.seeds: list = []
         self.check_instruction(self.instruction)
         events.append(("load", self.variant))
 
@@ -55,7 +56,7 @@ class FakePolicy:
         self.flow_steps = steps
 
     def reseed(self, seed):
-        pass
+        self.seeds.append(seed)
 
     def recover(self):
         self.fail = None
@@ -108,7 +109,7 @@ class Rig:
     def observe(self, offset_ns: int = 0) -> None:
         self.ctl.on_observation(IMAGES, STATE, self.clock.now + offset_ns)
 
-    def wait_published(self, n: int, timeout_s: float = 5.0) -> bool:
+    def wait_published(self, n: int, timeout_s: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout_s
         while len(self.published) < n and time.monotonic() < deadline:
             time.sleep(0.005)

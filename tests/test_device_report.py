@@ -140,8 +140,13 @@ def test_bad_root_is_bad_input(tmp_path, capsys):
     assert main(["device-report", str(tmp_path / "nothing"), "--out",
                  str(tmp_path / "r.md")]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert main(["device-report", str(tmp_path), "--out", str(tmp_path / "r.md")]) == 2
+    (tmp_path / "empty").mkdir()
+    assert main(["device-report", str(tmp_path / "empty"), "--out", str(tmp_path / "r.md")]) == 2
     assert "holds no bundle" in capsys.readouterr().err
+    # the report never goes inside an input (here: the bundle root)
+    assert main(["device-report", str(tmp_path), "--out", str(tmp_path / "r.md")]) == 2
+    assert "lies inside the input bundle root" in capsys.readouterr().err
+    assert not (tmp_path / "r.md").exists()
 
 
 def test_an_interrupted_run_leaves_its_finished_sections_on_disk(tiny_root, tmp_path,

@@ -15,7 +15,8 @@ README_MAX_LINES = 200
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 MD_NAME = re.compile(r"(?<![\w/.-])([\w./-]*\w\.md)\b")
 #: Markdown files the package writes (device-report's output), not documents to follow.
-OUTPUTS = {"report.md", "device-report.md", "r.md", "seed.md", "bundle.md"}  # report outputs
+OUTPUTS = {"report.md", "device-report.md", "r.md", "seed.md", "bundle.md",  # report outputs
+           "summary.md"}
 
 
 def _resolves(name: str, base: Path) -> bool:

@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("replay",),
     ("sim",),
     ("ros", "node", "msg"),  # msg: the messages colcon generates into the package
+    ("cluster",),
     ("bench",),
     ("cli",),
 ]

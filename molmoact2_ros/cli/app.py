@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import MolmoActError
+from ..host.jit import switched_off as numba_switched_off
 from ..runtime.appbuilder import CHOICES as APPBUILDER_CHOICES
 from ..runtime.appbuilder import ENV as APPBUILDER_ENV
 from ..runtime.appbuilder import check_installed_for_htp, use_test_fake
@@ -17,10 +18,10 @@ from .args import HelpFormatter, Parser
 
 #: Modules with a ``register(subparsers)`` function, each adding its command(s).
 COMMAND_MODULES = ("demo", "parity", "conventions", "tiny_bundle", "export_host",
-                   "bench", "doctor", "replay", "device_report", "compare")
+                   "bench", "doctor", "replay", "device_report", "libero", "compare")
 #: How ``molmoact2 --help`` groups the commands (any other registered command goes last).
 GROUPS = {
-    "run": ("demo", "replay", "bench"),
+    "run": ("demo", "replay", "bench", "libero"),
     "check": ("parity", "compare", "conventions", "doctor", "device-report"),
     "bundle tools": ("tiny-bundle", "export-host", "trace-to-bag"),
 }
@@ -79,6 +80,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.appbuilder not in APPBUILDER_CHOICES:  # a bad environment value skips argparse
         print(f"error: {APPBUILDER_ENV}={args.appbuilder!r}: use one of "
               f"{', '.join(APPBUILDER_CHOICES)}", file=sys.stderr)
+        return 2
+    try:
+        numba_switched_off()  # MOLMOACT2_NUMBA: on/off words only
+    except MolmoActError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
         if args.appbuilder == "fake":

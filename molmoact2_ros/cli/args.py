@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from ..bundle.variants import VARIANTS
+from ..errors import MolmoActError
 
 BACKENDS = ("onnx", "htp")
 
@@ -22,6 +25,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         if shown and "%(default)" not in text and (action.option_strings or action.nargs in
                                                     (argparse.OPTIONAL, argparse.ZERO_OR_MORE)):
             text += " (default: %(default)s)"
+        allowed = getattr(action.type, "range_text", "")
+        if allowed and "range" not in text:
+            text += f" (range: {allowed})"
         return text
 
 
@@ -52,17 +58,57 @@ def _number(kind: Callable, text: str):
     return value
 
 
-def int_at_least(low: int) -> Callable[[str], int]:
-    """An ``int`` option type refusing values below ``low`` (e.g. ``--chunks 0``)."""
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """An ``int`` option type accepting ``[low, high]``: every integer option has a range
+    (its help names it), so no value can ask for minutes of work or petabytes of memory."""
 
     def parse(text: str) -> int:
         value = _number(int, text)
         if value < low:
             raise argparse.ArgumentTypeError(f"{value} is below the minimum {low}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"{value} is above the maximum {high}")
         return value
 
-    parse.__name__ = f"integer >= {low}"
+    parse.__name__ = f"integer in [{low}, {high}]"
+    parse.range_text = f"{low}..{high}"
     return parse
+
+
+def int_at_least(low: int, high: int = 1_000_000) -> Callable[[str], int]:
+    """``int_in(low, high)``: a count with a floor (e.g. ``--chunks 0`` is refused)."""
+    return int_in(low, high)
+
+
+def check_paths(outputs: Iterable[tuple[str, object]], inputs: Iterable[tuple[str, object]]
+                ) -> None:
+    """Refuse any output that is, contains or lies inside one of the command's inputs.
+
+    ``outputs`` and ``inputs`` are ``(label, path)`` pairs (``None`` paths are skipped).
+    Called before anything is deleted or written: ``--force`` replaces outputs, never inputs
+    (``replay BAG --record BAG --force`` would otherwise delete the recording).
+    """
+    ins = [(label, _real(path)) for label, path in inputs if path]
+    for out_label, out_path in outputs:
+        if not out_path:
+            continue
+        out = _real(out_path)
+        for in_label, src in ins:
+            if out == src:
+                how = "is"
+            elif src.is_relative_to(out):
+                how = "contains"
+            elif out.is_relative_to(src):
+                how = "lies inside"
+            else:
+                continue
+            raise MolmoActError(f"{out_label} {out_path} {how} the input {in_label} {src}; "
+                                "write outputs to a new path (--force never replaces inputs)")
+
+
+def _real(path: object) -> Path:
+    """The absolute path with symlinks resolved (also for parts that do not exist yet)."""
+    return Path(os.path.realpath(os.path.expanduser(str(path))))
 
 
 def float_in(low: float, high: float, *, low_open: bool = False) -> Callable[[str], float]:
@@ -76,6 +122,7 @@ def float_in(low: float, high: float, *, low_open: bool = False) -> Callable[[st
         return value
 
     parse.__name__ = "number"
+    parse.range_text = f"{'(' if low_open else '['}{low:g}, {high:g}]"
     return parse
 
 

@@ -21,9 +21,10 @@ from ..bench.runtime import HOST_REPEATS, bench_variant, format_record
 from ..bundle.bundle import resolve_bundles
 from ..bundle.variants import VARIANTS
 from ..control.execution import START_MODES
+from ..control.params import MAX_FLOW_STEPS, SEED_MAX
 from ..util.optional import require
 from ..util.progress import counter
-from .args import example, float_in, int_at_least
+from .args import check_paths, example, float_in, int_at_least, int_in
 
 
 def _load() -> list[float]:
@@ -34,8 +35,12 @@ def _load() -> list[float]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    check_paths([("--json", args.json), ("--plot", args.plot)],
+                [("--bundle-root", args.bundle_root)])
     if getattr(args, "closed_loop", False):
         return cmd_closed_loop(args)
+    if getattr(args, "scale_out", False):
+        return cmd_scale_out(args)
     from ..bench.host import bench_host, format_host
     from ..bench.verdicts import format_verdicts, verdicts
 
@@ -103,15 +108,55 @@ def register(subparsers) -> None:
                        "molmoact2 bench --closed-loop --bundle-root .cache/tiny-bundle"))
     p.add_argument("--variants", nargs="*", choices=list(VARIANTS),
                    help="variants to bench (default: all)")
-    p.add_argument("--chunks", type=int_at_least(1), default=50,
+    p.add_argument("--chunks", type=int_in(1, 100_000), default=50,
                    help="chunks through design (a) and replay; use e.g. 10000 to watch RSS over "
                    "a long run")
-    p.add_argument("--naive-chunks", type=int_at_least(1), default=3,
+    p.add_argument("--naive-chunks", type=int_in(1, 1000), default=3,
                    help="chunks through design (b)")
-    p.add_argument("--steps", type=int_at_least(1), help="flow steps (default: the variant's)")
+    p.add_argument("--steps", type=int_in(1, MAX_FLOW_STEPS),
+                   help="flow steps (default: the variant's)")
     p.add_argument("--json", help="write every figure to this JSON file")
     add_arguments(p)
+    g = p.add_argument_group("scale-out on Ray (--scale-out; pip install -e '.[cluster]')")
+    g.add_argument("--scale-out", action="store_true",
+                   help="replay the same bags on null sessions in one process and on Ray "
+                   "actors side by side; scheduling overhead and the curve for N machines")
+    g.add_argument("--scale-out-bags", type=int_at_least(1), default=20, help="bags to replay")
+    g.add_argument("--scale-out-frames", type=int_at_least(1), default=40,
+                   help="observations per bag")
+    g.add_argument("--scale-out-actors", type=int_at_least(1), default=2,
+                   help="Ray actors (one CPU each) on the local cluster")
+    g.add_argument("--scale-out-libero", metavar="BUNDLE_ROOT",
+                   help="also run LIBERO lockstep episodes with this bundle (e.g. the tiny one)")
+    g.add_argument("--scale-out-episodes", type=int_at_least(1), default=4,
+                   help="LIBERO episodes (libero_spatial tasks 0.., init state 0)")
+    g.add_argument("--scale-out-max-steps", type=int_at_least(1), default=60,
+                   help="policy steps per LIBERO episode")
     p.set_defaults(func=cmd_bench)
+
+
+def cmd_scale_out(args: argparse.Namespace) -> int:
+    """One process against Ray actors on the same replay work, then the paper curve."""
+    import tempfile
+
+    from ..bench.scale_out import bench_scale_out, format_scale_out
+
+    load_start = _load()
+    print(f"molmoact2 bench --scale-out on {platform.machine()} ({os.cpu_count()} CPUs), "
+          f"python {platform.python_version()}; load average {load_start}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="molmoact2-scale-out-") as tmp:
+        result = bench_scale_out(Path(tmp), bags=args.scale_out_bags,
+                                 frames=args.scale_out_frames, actors=args.scale_out_actors,
+                                 libero_root=args.scale_out_libero or "",
+                                 episodes=args.scale_out_episodes,
+                                 max_steps=args.scale_out_max_steps)
+    result["load_average"] = {"start": load_start, "end": _load()}
+    print(format_scale_out(result))
+    print(f"load average at the end {result['load_average']['end']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")
+    return 0
 
 
 def make_policy(kind: str, args: argparse.Namespace, seed: int, horizon: int,
@@ -209,10 +254,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="control period of the simulated robot")
     g.add_argument("--overlap-ms", type=float_in(0.0, 10_000.0), default=100.0,
                    help="execution.overlap_s: chunk left when the next one arrives")
-    g.add_argument("--horizons", type=int_at_least(1), nargs="+", default=[10, 20],
+    g.add_argument("--horizons", type=int_in(1, 1000), nargs="+", default=[10, 20],
                    help="synthetic policy chunk rows (LIBERO: 10)")
-    g.add_argument("--seed", type=int, default=0, help="first scene and policy seed")
-    g.add_argument("--seeds", type=int_at_least(1), default=3,
+    g.add_argument("--seed", type=int_in(0, SEED_MAX), default=0,
+                   help="first scene and policy seed")
+    g.add_argument("--seeds", type=int_in(1, 1000), default=3,
                    help="seeds per strategy (the table gives mean ± sd)")
     g.add_argument("--bundle-root", help="also run a bundle: a variant's folder, or a root with "
                    "one folder per variant (resolved as every command resolves BUNDLE)")

@@ -79,13 +79,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     """Add ``molmoact2 compare`` to the CLI."""
+    from .args import example
     from .replay import add_tolerance_args
 
     p = sub.add_parser(
         "compare", help="two chunk bags against each other, by observation stamp",
         description="Match every chunk of bag A with the chunk of bag B at the same observation "
         "stamp (B is the reference)\nwith the same rule as replay --golden; exit 0 only if "
-        "every chunk of B has a matching chunk in A.")
+        "every chunk of B has a matching chunk in A.",
+        epilog=example("molmoact2 compare board_chunks workstation_chunks --report report/",
+                       "molmoact2 compare w4a16_chunks fp16_chunks --backend htp "
+                       "--min-within 0.9"))
     p.add_argument("a", help="chunk bag to check (e.g. recorded on the board)")
     p.add_argument("b", help="reference chunk bag (e.g. recorded on a workstation)")
     p.add_argument("--backend", choices=["onnx", "htp"],

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import tempfile
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -174,6 +176,32 @@ def diff_lines(old: Conventions, new: Conventions) -> list[str]:
     return out
 
 
+def write_inside(root: Path, target: Path, text: str) -> None:
+    """Write ``target`` inside the bundle ``root`` without following a symlink out of it
+    (an untrusted bundle must not choose where the write goes): symlinks are refused, the
+    text goes to a temporary file beside the target and replaces it in one step."""
+    from ..errors import BundleError
+
+    for path in (target.parent, target):
+        if path.is_symlink():
+            raise BundleError(f"{path} is a symlink (to {os.readlink(path)}); conventions "
+                              "--write only writes inside the bundle: replace the link with "
+                              "a plain file or folder")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    real_root = Path(os.path.realpath(root))
+    if not Path(os.path.realpath(target.parent)).is_relative_to(real_root):
+        raise BundleError(f"{target.parent} resolves outside the bundle {root}; conventions "
+                          "--write only writes inside the bundle")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def cmd_conventions(args: argparse.Namespace) -> int:
     ok, written, names = True, [], []
     for name, path in resolve_bundles(Path(args.bundle), args.variant):
@@ -189,8 +217,7 @@ def cmd_conventions(args: argparse.Namespace) -> int:
             fixed, findings = conventions_from_goldens(bundle, current)
             print(f"-- {target}" if current else f"-- {target} (new)")
             print("\n".join(diff_lines(current or Conventions(), fixed)) or "   (no change)")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(fixed.to_json() + "\n")
+            write_inside(bundle.root, target, fixed.to_json() + "\n")
             written.append(target)
             findings = check_conventions(bundle)
         ok &= all(f.verdict != MISMATCH for f in findings)

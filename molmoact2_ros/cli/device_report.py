@@ -787,6 +787,11 @@ def cmd_device_report(args: argparse.Namespace) -> int:
         raise BundleError("give --bag and --golden together: the bag recorded on the robot and "
                           "the golden chunk bag made from it with 'replay --record'")
     # everything that can be wrong with the command line is found before the first section
+    from .args import check_paths
+
+    check_paths([("--out", args.out), ("--out JSON", Path(args.out).with_suffix(".json"))],
+                [("bundle root", args.bundle_root), ("--bag", args.bag),
+                 ("--golden", args.golden)])
     root = Path(args.bundle_root).expanduser()
     resolve_bundles(root, args.variant)
     files = ReportFiles(Path(args.out).expanduser(), args.force)

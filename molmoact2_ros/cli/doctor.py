@@ -363,7 +363,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     """Add ``molmoact2 doctor`` to the CLI."""
     from ..bundle.variants import VARIANTS
-    from .args import example, float_in, int_at_least, parse_suffix
+    from .args import example, float_in, int_in, parse_suffix
 
     p = subparsers.add_parser(
         "doctor", help="check this machine and a bundle for the HTP runtime",
@@ -383,6 +383,6 @@ def register(subparsers) -> None:
                    help="context suffix per group (vision, llm, action), e.g. llm=_w4a16")
     p.add_argument("--timeout", type=float_in(0.0, 3600.0, low_open=True), default=60.0,
                    help="deadline per call, seconds")
-    p.add_argument("--repeats", type=int_at_least(1), default=5,
+    p.add_argument("--repeats", type=int_in(1, 1000), default=5,
                    help="chunks timed for the latency line")
     p.set_defaults(func=cmd_doctor)

@@ -186,6 +186,9 @@ def export_host(checkpoint: Path, bundle: Path, *, force: bool = False,
 
 
 def cmd_export_host(args: argparse.Namespace) -> int:
+    from .args import check_paths
+
+    check_paths([("output", Path(args.bundle) / "host")], [("checkpoint", args.checkpoint)])
     start = time.perf_counter()
     result = export_host(Path(args.checkpoint), Path(args.bundle), force=args.force,
                          variant=args.variant)

@@ -13,10 +13,12 @@ import numpy as np
 
 from ..bundle.bundle import bundle_parameters
 from ..bundle.variants import VARIANTS
-from ..errors import BagError, MolmoActError
+from ..control.params import MAX_FLOW_STEPS, SEED_MAX
+from ..errors import MolmoActError
 from ..runtime.appbuilder import describe
 from ..util.progress import counter
-from .args import example, float_in, int_at_least
+from .args import check_paths, example, float_in, int_in
+from .ray_args import add_ray_args
 
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
@@ -119,13 +121,15 @@ def run_changes(args: argparse.Namespace, golden_settings: dict) -> tuple[dict, 
 
 
 def check_outputs(args: argparse.Namespace) -> None:
-    """Refuse existing outputs (unless --force) before anything runs."""
+    """Refuse outputs that are, hold or lie inside an input, and existing outputs (unless
+    --force), before anything runs."""
     from ..replay.bagio import check_output
 
+    check_paths([("--record bag", args.record), ("--report", args.report)],
+                [("bag", args.bag), ("--golden", args.golden),
+                 ("--bundle-root", args.bundle_root)])
     if args.record:
-        path = check_output(Path(args.record), args.force, "--record bag")
-        if args.golden and path.resolve() == Path(args.golden).resolve():
-            raise BagError("--record and --golden name the same bag; record to a new path")
+        check_output(Path(args.record), args.force, "--record bag")
     if args.report:
         report = Path(args.report)
         if report.exists() and not report.is_dir():
@@ -156,6 +160,24 @@ class _Signals:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from .ray_args import fix_ray_address
+    from .replay_many import cmd_replay_many, is_many
+
+    fix_ray_address(args, "bags")
+    if not args.bags:
+        raise MolmoActError("replay needs a bag: molmoact2 replay BAG --bundle-root ROOT ...")
+    # one bag or many: no output may be, hold or lie inside an input (before anything runs)
+    check_paths([("--record-dir", args.record_dir), ("--record bag", args.record),
+                 ("--report", args.report)],
+                [*(("bag", bag) for bag in args.bags), ("--golden", args.golden),
+                 ("--golden-dir", args.golden_dir), ("--bundle-root", args.bundle_root)])
+    if is_many(args):
+        return cmd_replay_many(args)
+    args.bag = args.bags[0]
+    return _replay_one(args)
+
+
+def _replay_one(args: argparse.Namespace) -> int:
     from ..control.controller import load_policy
     from ..control.params import Settings, validate_changes
     from ..replay.bagio import prepare_output
@@ -169,6 +191,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     )
     from ..replay.replay import replay
 
+    check_outputs(args)  # before reading anything: outputs never replace inputs
     golden = load_golden(Path(args.golden)) if args.golden else None
     trace = golden if isinstance(golden, dict) else None
     if trace is not None:
@@ -181,7 +204,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if not ok:
         raise MolmoActError(reason)
     settings = Settings().with_changes(changes)
-    check_outputs(args)
     tol = tolerance_from_args(args, args.backend)
     if differences:
         print("settings differ from the golden's: " + "; ".join(differences))
@@ -215,6 +237,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     def on_published(out, log_ns: int) -> None:
         if state["writer"] is not None:
             state["writer"].write(out, log_ns)
+            if state["writer"].count == 1:  # the run is producing: say so once, right away
+                print(f"recording to {args.record}: first chunk written", flush=True)
 
     with _Signals() as signals:
         try:
@@ -306,6 +330,7 @@ def cmd_trace_to_bag(args: argparse.Namespace) -> int:
     from ..replay.bagio import check_output, prepare_output
     from ..replay.replay import write_observation_bag
 
+    check_paths([("output bag", args.out)], [("trace", args.trace)])
     trace = load_npz(Path(args.trace), ["image_primary", "image_wrist", "state"],
                      what="trace-to-bag")
     out = check_output(Path(args.out), args.force)
@@ -330,12 +355,16 @@ def register(sub) -> None:
         "controller on the bag's\nclock, one inference per synchronised observation. --record "
         "writes every chunk and the run's\nsettings to a new bag; --golden matches every chunk "
         "with the golden's chunk of the same stamp\n(exit 1 on a mismatch). Progress: a bar on "
-        "a terminal, else about ten status lines on stderr.",
+        "a terminal, else about ten status lines on stderr.\nSeveral bags (--golden-dir, "
+        "--record-dir) run one after another here, or on Ray actors with --ray\n"
+        "(docs/scale_out.md).",
         epilog=example("molmoact2 replay robot_bag --bundle-root /data/molmoact2 --variant "
                        "grid_sampler --instruction 'put the bowl on the plate' --record golden_bag",
                        "molmoact2 replay robot_bag --bundle-root /data/molmoact2 --backend htp "
                        "--golden golden_bag --report report/"))
-    p.add_argument("bag", help="rosbag2 folder (or .mcap) with the camera and joint topics")
+    p.add_argument("bags", nargs="*", metavar="BAG",
+                   help="rosbag2 folder (or .mcap) with the camera and joint topics; several "
+                   "with --golden-dir or --record-dir (one golden per bag name)")
     p.add_argument("--bundle-root", required=True,
                    help="a root with one folder per variant, or one variant's folder")
     p.add_argument("--variant", choices=list(VARIANTS), help="default: the golden's, else "
@@ -344,8 +373,10 @@ def register(sub) -> None:
                    help="onnx: ONNX Runtime here; htp: resident workers (--appbuilder fake "
                    "for the test fake)")
     p.add_argument("--instruction", help="default: the golden's")
-    p.add_argument("--seed", type=int, help="noise seed (default: the golden's, else 0)")
-    p.add_argument("--flow-steps", type=int, help="default: the golden's, else the variant's")
+    p.add_argument("--seed", type=int_in(-1, SEED_MAX),
+                   help="noise seed, -1 random (default: the golden's, else 0)")
+    p.add_argument("--flow-steps", type=int_in(0, MAX_FLOW_STEPS),
+                   help="0: the variant's (default: the golden's, else the variant's)")
     p.add_argument("--max-age", type=float_in(0.0, 1e6, low_open=True), default=0.5,
                    help="max_observation_age_s: older observations are skipped (bag clock)")
     p.add_argument("--namespace", default="", help="node namespace the bag's topics are under")
@@ -362,10 +393,16 @@ def register(sub) -> None:
     add_tolerance_args(p)
     p.add_argument("--min-produced", type=float_in(0.0, 1.0), default=1.0,
                    help="fraction of golden chunks the run must produce")
-    p.add_argument("--report", metavar="DIR", help="write summary.json and PNG plots here")
+    p.add_argument("--golden-dir", metavar="DIR", help="check each BAG against DIR/NAME, the "
+                   "golden chunk bag of its name (a bag folder's name, an .mcap file's stem)")
+    p.add_argument("--record-dir", metavar="DIR", help="record each BAG's golden to DIR/NAME")
+    p.add_argument("--report", metavar="DIR", help="write summary.json and PNG plots here "
+                   "(several bags: the merged summary.json and summary.md, and the "
+                   "verdicts.jsonl ledger an interrupted run resumes from)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar or status lines")
+    add_ray_args(p, what="bags")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser(
@@ -377,7 +414,7 @@ def register(sub) -> None:
                        "e2e_trace.npz obs_bag --frames 6 --compressed jpeg"))
     p.add_argument("trace", help="golden/e2e_trace*.npz of a bundle")
     p.add_argument("out", help="new rosbag2 folder to write")
-    p.add_argument("--frames", type=int_at_least(1), default=3, help="observations to write")
+    p.add_argument("--frames", type=int_in(1, 100_000), default=3, help="observations to write")
     p.add_argument("--period-s", type=float_in(0.0, 3600.0, low_open=True), default=0.5,
                    help="seconds between observations")
     p.add_argument("--mcap", action="store_true", help="write mcap instead of sqlite3")

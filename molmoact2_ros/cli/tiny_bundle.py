@@ -7,10 +7,11 @@ import time
 from pathlib import Path
 
 from ..bundle.variants import VARIANTS
+from ..control.params import SEED_MAX
 from ..errors import BundleError
 from ..util.optional import require
 from ..util.progress import progress
-from .args import example
+from .args import example, int_in
 
 
 def cmd_tiny_bundle(args: argparse.Namespace) -> int:
@@ -49,7 +50,7 @@ def register(subparsers) -> None:
     p.add_argument("out", help="output folder (one sub-folder per variant)")
     p.add_argument("--variants", nargs="*", choices=list(VARIANTS),
                    help="variants to write (default: all)")
-    p.add_argument("--seed", type=int, default=0, help="weight and golden seed")
+    p.add_argument("--seed", type=int_in(0, SEED_MAX), default=0, help="weight and golden seed")
     p.add_argument("--force", action="store_true",
                    help="overwrite variant folders that already exist in OUT")
     p.set_defaults(func=cmd_tiny_bundle)

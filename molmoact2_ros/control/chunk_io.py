@@ -144,6 +144,29 @@ def trajectory_message_fields(out: Published) -> dict[str, Any]:
     }
 
 
+def check_instruction(settings: Settings) -> tuple[bool, str]:
+    """The instruction fits the prompt of the variant ``settings`` select, checked from the
+    bundle's host files before a reload (a load that fails on it would fail its rollback
+    too, which keeps the same instruction)."""
+    from ..bundle.bundle import Bundle
+    from ..host.prompt import EmbeddingTable, PromptBuilder, PromptConfig, Tokenizer
+
+    try:
+        bundle = Bundle.open(settings.bundle_path(), settings["variant"])
+        norm = bundle.norm_stats()
+        builder = PromptBuilder(
+            PromptConfig.from_json(bundle.host_path("prompt.json")),
+            Tokenizer(bundle.host_path("tokenizer.json")),
+            EmbeddingTable(bundle.host_path("embeddings.npy")), bundle.conventions(),
+            bundle.variant, setup=norm.setup_type, control=norm.control_mode)
+        builder.plan(settings["instruction"])
+    except MolmoActError as exc:
+        return False, f"for {settings['variant']}: {exc}"
+    except OSError as exc:
+        return False, f"bundle.{settings['variant']}: cannot read the bundle ({exc})"
+    return True, ""
+
+
 def check_bundle(settings: Settings) -> tuple[bool, str]:
     """The bundle and context files a reload would need exist (cheap file checks only)."""
     from ..bundle.bundle import Bundle, Suffixes

@@ -49,6 +49,11 @@ from .sync import ApproxTimeSync, NewestSlot
 __all__ = ["ACTIVE", "FINALIZED", "INACTIVE", "UNCONFIGURED", "Controller", "Published",
            "chunk_message_fields", "trajectory_message_fields"]
 log = logging.getLogger("molmoact2_ros.control.controller")
+#: Watchdog: nothing published for this many expected periods while inputs arrive is a WARN,
+#: three times as many an ERROR (diagnostics name the largest drop counter).
+STALL_PERIODS = 10
+#: The shortest expected period the watchdog assumes (on_observation has no period of its own).
+MIN_EXPECTED_PERIOD_S = 0.1
 #: chunks in a row without an overlap (blend set) before diagnostics warn
 NO_OVERLAP_WARN_CHUNKS = 5
 
@@ -108,10 +113,15 @@ class Controller(SettingsControl):
         self.last_switch: dict[str, Any] = {}
         self._in_past = False  # the last chunk was entirely due when ready (not published)
         self._last_logged: dict[str, float] = {}
+        self._last_input_ns: int | None = None  # clock when the last input message arrived
+        self._last_output_ns: int | None = None  # clock of the last publish (or activation)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def configure(self) -> None:
         """Validate settings, load the runtime and warm it up. Raises MolmoActError."""
+        from ..host.jit import switched_off
+
+        switched_off()  # a MOLMOACT2_NUMBA value that is not on/off fails configure, named
         with self._lock:
             ok, reason = validate_changes(dict(self.settings.values), self.settings)
             if not ok:
@@ -161,6 +171,7 @@ class Controller(SettingsControl):
         self._latency.reset()
         self.latency_estimate_s = 0.0
         self._stamps.reset()
+        self._last_output_ns = self._clock()
         if worker:
             self._running = True
             self._start_thread()
@@ -255,11 +266,29 @@ class Controller(SettingsControl):
         return now
 
     # -- inputs ----------------------------------------------------------------------------------
+    def offer(self, sync: ApproxTimeSync, stream: int, stamp_ns: int, msg: Any) -> bool:
+        """One input message on its way into ``sync`` (node and replay): a stamp further
+        ahead of the clock than ``max_future_stamp_s`` is dropped here, before the
+        synchroniser, which would keep it as its newest and drop every later message as out
+        of order until the clock reached it (for a garbage stamp: forever)."""
+        now = self._clock()
+        self._last_input_ns = now
+        tolerance_s = self.settings["max_future_stamp_s"]
+        if int(stamp_ns) - now > tolerance_s * 1e9:
+            self.drops["future_input"] += 1
+            self._log_throttled(logging.WARNING, "future_input", (
+                f"input stamped {(int(stamp_ns) - now) / 1e9:+.3f} s from now skipped before "
+                f"synchronisation (max_future_stamp_s={tolerance_s}); check the sensor "
+                f"clocks; {self.drops['future_input']} so far"))
+            return False
+        return sync.add(stream, stamp_ns, msg)
+
     def on_observation(
         self, images: Sequence[np.ndarray], state: np.ndarray, stamp_ns: int
     ) -> None:
         """A synchronised observation arrived (already decoded)."""
         self.counts["synced"] += 1
+        self._last_input_ns = self._clock()
         if self.state != ACTIVE:
             self.drops["inactive"] += 1
             return
@@ -336,6 +365,13 @@ class Controller(SettingsControl):
         if self._running and thread is not None and not thread.is_alive():
             self.counts["inference_thread_restarts"] += 1
             self._start_thread()
+
+    def inference_requested(self) -> bool:
+        """Whether ``tick`` or ``on_observation`` asked for a chunk since the last call (and
+        clear it): drivers without the inference thread (the simulator) poll this."""
+        requested = self._wake.is_set()
+        self._wake.clear()
+        return requested
 
     def thread_alive(self) -> bool:
         """False when the inference thread should run but does not."""
@@ -454,6 +490,7 @@ class Controller(SettingsControl):
                                 ",".join(f"{w:.3g}" for w in np.asarray(guidance.weights))),
         }
         self.counts["published"] += 1
+        self._last_output_ns = ready
         if self.health[0] != "ok" and "swap" not in self.health[1]:
             self.health = ("ok", "")
         self._publish(published)
@@ -569,7 +606,10 @@ class Controller(SettingsControl):
             values[f"load_s.{worker}"] = round(float(st.get("load_s", 0.0)), 3)
             values[f"peak_rss_mib.{worker}"] = round(float(st.get("peak_rss_mib", 0.0)), 1)
         level, message = self.health
-        if not self.thread_alive():
+        stall = self._stall(drops)
+        if stall is not None and level != "error":
+            level, message = stall
+        elif not self.thread_alive():
             level = "error"
             message = "inference thread is not running; restarting it on the next tick"
         elif level == "ok" and not s["instruction"]:
@@ -588,3 +628,37 @@ class Controller(SettingsControl):
         elif level == "ok" and self.drops.get("stale"):
             message = f"{self.drops['stale']} stale observations skipped"
         return {"level": level, "message": message or "running", "values": values}
+
+    def expected_period_s(self) -> float:
+        """How often a chunk should come out with the current trigger (watchdog's unit)."""
+        s = self.settings
+        if s["trigger"] == "rate":
+            period = 1.0 / s["rate_hz"]
+        elif s["trigger"] == "chunk_consumed":
+            period = max(self._chunk_rows, 1) * s["control_period_s"]
+        else:
+            period = 0.0
+        return max(period, self.latency_estimate_s, MIN_EXPECTED_PERIOD_S)
+
+    def _stall(self, drops: Counter) -> tuple[str, str] | None:
+        """Watchdog: inputs arrive but nothing was published for ``STALL_PERIODS`` expected
+        periods (WARN; three times as long: ERROR), naming the largest drop counter."""
+        if self.state != ACTIVE or self._swapping or self._last_output_ns is None \
+                or self._last_input_ns is None:
+            return None
+        now = self._clock()
+        period_ns = self.expected_period_s() * 1e9
+        silent_ns = now - self._last_output_ns
+        if silent_ns < 0:  # the clock went back: the new time line is the baseline
+            self._last_output_ns = now
+            return None
+        if silent_ns < STALL_PERIODS * period_ns or \
+                now - self._last_input_ns > STALL_PERIODS * period_ns:
+            return None
+        worst = max(drops.items(), key=lambda kv: kv[1], default=None)
+        why = (f"largest drop counter: drop.{worst[0]}={worst[1]}" if worst else
+               "no drops counted; check the trigger and the input topics")
+        level = "error" if silent_ns >= 3 * STALL_PERIODS * period_ns else "warn"
+        return level, (f"nothing published for {silent_ns / 1e9:.1f} s "
+                       f"({silent_ns / period_ns:.0f} expected periods) while inputs arrive; "
+                       + why)

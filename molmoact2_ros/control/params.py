@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ TRIGGERS = ("on_observation", "rate", "chunk_consumed")
 STATE_SOURCES = ("joint_state", "tf")
 LOAD_ORDERS = ("parallel", "sequential")
 MAX_FLOW_STEPS = 100
+#: Largest noise seed (numpy seeds are unsigned; ROS integer parameters are 64-bit).
+SEED_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ PARAMS: tuple[ParamSpec, ...] = (
     _p("instruction", "", "task instruction, e.g. 'put the bowl on the plate'"),
     _p("seed", -1,
        "noise seed: each observation's noise is drawn from (seed, its stamp in ns); -1 = random",
-       int_range=(-1, 2**31 - 1)),
+       int_range=(-1, SEED_MAX)),
     _p("trigger", "on_observation",
        "when to infer: on_observation | rate | chunk_consumed"),
     _p("rate_hz", 2.0, "inference rate for trigger=rate", float_range=(0.01, 100.0)),
@@ -119,10 +122,12 @@ PARAMS: tuple[ParamSpec, ...] = (
     _p("execution.inpaint_beta", 5.0, "inpaint=pigdm: the guidance weight cap beta",
        float_range=(0.0, 100.0)),
     _p("max_future_stamp_s", 0.5,
-       "observations stamped further ahead of the node's clock than this are skipped",
+       "inputs stamped further ahead of the node's clock than this are skipped (before "
+       "synchronisation)",
        float_range=(0.0, 3600.0)),
     _p("max_image_side_px", 4096,
-       "images wider or taller than this are refused from their header, before decoding",
+       "compressed images wider or taller than this are refused from their header, raw ones "
+       "with more pixels than its square",
        int_range=(16, 65535)),
     _p("sync.slop_s", 0.05, "max stamp spread of a synchronised observation",
        CONFIGURE, float_range=(0.0, 10.0)),
@@ -327,10 +332,58 @@ def _check_state_names(name, value, settings):
 def _check_instruction(name, value, settings):
     if "\x00" in value:
         return False, f"{name} contains a NUL character; use plain text"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return False, (f"{name} is not UTF-8 text ({exc.reason} at character {exc.start}: "
+                       f"{value[exc.start]!r}); use plain text")
     return True, ""
 
 
+#: One token of a ROS 2 topic name: letters, digits and '_', not starting with a digit.
+_TOPIC_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _check_topic(name, value, settings):
+    """A ROS 2 topic name rclpy accepts (relative or absolute), checked at configure rather
+    than failing at activate."""
+    shown = f"{name}={value!r}"
+    if not value.strip("/"):
+        return False, f"{shown} is empty; give a topic name, e.g. 'camera/wrist/image'"
+    bad = next((tok for tok in value.lstrip("/").split("/") if not _TOPIC_TOKEN.match(tok)),
+               None)
+    if bad is not None or value.endswith("/"):
+        what = "an empty part ('//' or a trailing '/')" if not bad else f"the part {bad!r}"
+        return False, (f"{shown} is not a valid ROS topic name ({what}); use letters, digits "
+                       "and '_' between '/', not starting with a digit")
+    return True, ""
+
+
+def _check_frame(name, value, settings):
+    if not value or value != value.strip() or value.startswith("/") or " " in value:
+        return False, (f"{name}={value!r}: give a tf frame id such as 'base_link' (not empty, "
+                       "no spaces, no leading '/')")
+    return True, ""
+
+
+def _same_topics(settings: Settings) -> str:
+    """Two inputs on one topic (e.g. both cameras) would feed one stream as both."""
+    seen: dict[str, str] = {}
+    for key in ("topics.image_primary", "topics.image_wrist", "topics.joint_states"):
+        topic = "/".join(p for p in str(settings[key]).split("/") if p)
+        if topic in seen:
+            return (f"{key} and {seen[topic]} are both {settings[key]!r}; each input needs its "
+                    "own topic (one camera would be fed as both)")
+        seen[topic] = key
+    return ""
+
+
 _CHECKS = {
+    "topics.image_primary": _check_topic,
+    "topics.image_wrist": _check_topic,
+    "topics.joint_states": _check_topic,
+    "state.base_frame": _check_frame,
+    "state.ee_frame": _check_frame,
     "variant": _check_variant,
     "backend": _check_backend,
     "trigger": _check_choice(TRIGGERS),
@@ -364,6 +417,14 @@ def validate_changes(changes: dict, settings: Settings) -> tuple[bool, str]:
     lo, hi, _ = proposed.limits()
     if lo and hi and any(a > b for a, b in zip(lo, hi)):
         return False, "action_min must be <= action_max in every dimension"
+    if any(k.startswith("topics.") for k in changes):
+        same = _same_topics(proposed)
+        if same:
+            return False, same
+    if proposed["state.source"] == "tf" and proposed["state.base_frame"] == \
+            proposed["state.ee_frame"]:
+        return False, (f"state.base_frame and state.ee_frame are both "
+                       f"{proposed['state.ee_frame']!r}; the pose needs two frames")
     return True, ""
 
 

@@ -4,7 +4,8 @@ Every change goes through ``validate``/``apply`` (or ``request``, both at once) 
 ``Controller._lock`` is held, so a batch is checked and applied against the same settings.
 During a swap ``settings`` already holds the target configuration; live changes made meanwhile
 are handed to the new sessions when they are up, reload changes and instructions are refused
-with a reason (an instruction can only be checked against the variant once it is loaded).
+with a reason. Before a reload starts, the instruction is checked against the prompt files of
+the variant it will load; a mixed batch is split by kind (configure-time values wait).
 """
 
 from __future__ import annotations
@@ -13,12 +14,21 @@ import logging
 import threading
 
 from ..errors import MolmoActError
-from .chunk_io import check_bundle
-from .params import CONFIGURE, LIVE, PARAMS, RELOAD, Settings, apply_kind, validate_changes
+from .chunk_io import check_bundle, check_instruction
+from .params import (
+    CONFIGURE,
+    LIVE,
+    PARAMS,
+    PARAMS_BY_NAME,
+    RELOAD,
+    Settings,
+    apply_kind,
+    validate_changes,
+)
 
 UNCONFIGURED, INACTIVE, ACTIVE, FINALIZED = "unconfigured", "inactive", "active", "finalized"
 #: Parameters a running policy is told about when they change (the rest are read per chunk).
-POLICY_LIVE = ("flow_steps", "instruction")
+POLICY_LIVE = ("flow_steps", "instruction", "seed")
 RELOAD_NAMES = tuple(p.name for p in PARAMS if p.apply == RELOAD)
 log = logging.getLogger("molmoact2_ros.control.controller")
 
@@ -31,13 +41,26 @@ class SettingsControl:
         return self._swapping
 
     def _effective(self, changes: dict) -> dict:
-        """Drop values equal to what is already set (or pending for configure)."""
+        """Drop values equal to what is already set (or pending for configure). With no
+        runtime loaded (a swap and its rollback failed) a reload value is kept even if equal:
+        setting the variant again must load it, never be a silent no-op."""
         current = self.settings.with_changes(self.pending_configure)
+        no_runtime = (self.policy is None and self.state in (INACTIVE, ACTIVE)
+                      and not self._swapping)
         return {k: v for k, v in changes.items()
-                if k not in current.values or current[k] != v}
+                if k not in current.values or current[k] != v
+                or (no_runtime and _kind(k) == RELOAD)}
 
     def validate(self, changes: dict) -> tuple[bool, str]:
-        """Synchronous check of a parameter batch (what ``ros2 param set`` sees)."""
+        """Synchronous check of a parameter batch (what ``ros2 param set`` sees). Never
+        raises: an unexpected error of a check becomes a refusal naming it."""
+        try:
+            return self._validate(changes)
+        except Exception as exc:  # a policy or tokenizer bug must not reach rclpy
+            log.error("parameter check failed: %s: %s", type(exc).__name__, exc)
+            return False, f"refused: the check failed ({type(exc).__name__}: {exc})"
+
+    def _validate(self, changes: dict) -> tuple[bool, str]:
         with self._lock:
             changes = self._effective(changes)
             if not changes:
@@ -45,10 +68,10 @@ class SettingsControl:
             ok, reason = validate_changes(changes, self.settings)
             if not ok:
                 return ok, reason
-            kind = apply_kind(changes)
+            kinds = {_kind(k) for k in changes}
             if self._swapping:
                 target = self.settings["variant"]
-                if kind == RELOAD:
+                if RELOAD in kinds:
                     return False, (f"a session swap to {target} is in progress; "
                                    "try again when it finishes")
                 if "instruction" in changes:
@@ -56,11 +79,15 @@ class SettingsControl:
                                    "is checked against the loaded variant: set it again when "
                                    "the swap finishes")
             proposed = self.settings.with_changes(changes)
-            if kind == RELOAD and self.state in (INACTIVE, ACTIVE):
+            if RELOAD in kinds and self.state in (INACTIVE, ACTIVE):
                 ok, reason = check_bundle(proposed)
                 if not ok:
                     return ok, reason
-            if changes.get("instruction") and self.policy is not None and kind != RELOAD:
+                if proposed["instruction"]:  # against the variant the reload will load
+                    ok, reason = check_instruction(proposed)
+                    if not ok:
+                        return ok, reason
+            if changes.get("instruction") and self.policy is not None and RELOAD not in kinds:
                 try:
                     self.policy.plan(changes["instruction"])
                 except MolmoActError as exc:
@@ -68,15 +95,22 @@ class SettingsControl:
             return True, ""
 
     def apply(self, changes: dict) -> str:
-        """Apply a validated batch; returns how: live, reload (background) or configure."""
+        """Apply a validated batch; returns how: live, reload (background) or configure,
+        ``+configure`` when a mixed batch left configure-time values for the next configure
+        (the live and reload ones apply now)."""
         with self._lock:
             changes = self._effective(changes)
             kind = apply_kind(changes)
             if not changes:
                 return LIVE
+            later = ""
             if kind == CONFIGURE and self.state in (INACTIVE, ACTIVE):
-                self.pending_configure.update(changes)
-                return CONFIGURE
+                self.pending_configure.update(
+                    {k: v for k, v in changes.items() if _kind(k) == CONFIGURE})
+                changes = {k: v for k, v in changes.items() if _kind(k) != CONFIGURE}
+                if not changes:
+                    return CONFIGURE
+                kind, later = apply_kind(changes), "+" + CONFIGURE
             old, new = self.settings, self.settings.with_changes(changes)
             self.settings = new
             if kind == RELOAD and self.state in (INACTIVE, ACTIVE):
@@ -85,7 +119,7 @@ class SettingsControl:
                 self._swap = threading.Thread(target=self._swap_sessions, args=(old, new),
                                               name="molmoact2-swap", daemon=True)
                 self._swap.start()
-                return RELOAD
+                return RELOAD + later
             self._pending_live.update({k: v for k, v in changes.items() if k in POLICY_LIVE})
         # Never wait for a running chunk here (this runs in the parameter service): the change
         # is queued and the inference thread applies it before its next chunk.
@@ -94,13 +128,20 @@ class SettingsControl:
                 self._apply_pending_live()
             finally:
                 self._policy_lock.release()
-        return kind
+        return kind + later
 
     def request(self, changes: dict) -> tuple[bool, str, str]:
-        """``validate`` and ``apply`` as one step under the lock: ``(ok, reason, how)``."""
+        """``validate`` and ``apply`` as one step under the lock: ``(ok, reason, how)``.
+        Never raises (the node's parameter callback has no try)."""
         with self._lock:
             ok, reason = self.validate(changes)
-            return ok, reason, self.apply(changes) if ok else ""
+            if not ok:
+                return ok, reason, ""
+            try:
+                return ok, reason, self.apply(changes)
+            except Exception as exc:
+                log.error("parameter change failed: %s: %s", type(exc).__name__, exc)
+                return False, f"refused: applying it failed ({type(exc).__name__}: {exc})", ""
 
     def _apply_pending_live(self) -> None:
         """Hand queued live changes to the policy; call with ``_policy_lock`` held."""
@@ -111,6 +152,8 @@ class SettingsControl:
             return
         if "flow_steps" in changes:
             self.policy.set_flow_steps(settings.flow_steps() or self._default_steps())
+        if "seed" in changes:
+            self.policy.reseed(None if settings["seed"] < 0 else settings["seed"])
         if changes.get("instruction"):
             try:
                 self.policy.set_instruction(changes["instruction"])
@@ -183,3 +226,8 @@ class SettingsControl:
                 self._apply_pending_live()
         if self._on_swap_done is not None:
             self._on_swap_done(ok, reason, final)
+
+
+def _kind(name: str) -> str:
+    spec = PARAMS_BY_NAME.get(name)
+    return spec.apply if spec is not None else LIVE

@@ -34,6 +34,16 @@ def check_image_side(width: int, height: int, max_side_px: int, what: str) -> No
             f"{max_side_px}; send smaller frames (the policy sees 378x378) or raise the limit")
 
 
+def check_image_area(width: int, height: int, max_side_px: int, what: str) -> None:
+    """Raw frames: refuse more pixels than a ``max_side_px`` square (the bytes are already in
+    memory; what matters is the work and the copies), so a 3x5000 strip passes."""
+    if width * height > max_side_px * max_side_px:
+        raise ObservationError(
+            f"{what} is {width}x{height} (width x height) = {width * height} pixels, more than "
+            f"max_image_side_px={max_side_px} squared ({max_side_px * max_side_px}); send "
+            "smaller frames (the policy sees 378x378) or raise the limit")
+
+
 def check_raw_encoding(encoding: str) -> None:
     """Depth and 16/32-bit encodings are refused with what to publish instead."""
     lowered = encoding.lower()

@@ -14,7 +14,7 @@ from ..errors import ObservationError
 from .image_header import (
     MAX_IMAGE_SIDE_PX,
     check_compressed_header,
-    check_image_side,
+    check_image_area,
     check_raw_encoding,
 )
 from .resample import normalise_into, patch_view, resize_levels
@@ -92,7 +92,7 @@ def decode_image(encoding: str, height: int, width: int, step: int, data: Any, *
             f"Image size {width}x{height} (width x height) must be positive; "
             "the camera sent an empty frame"
         )
-    check_image_side(width, height, max_side_px, "Image")
+    check_image_area(width, height, max_side_px, "Image")
     row_bytes = width * channels
     if step < row_bytes:
         raise ObservationError(

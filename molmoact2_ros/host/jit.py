@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 
 #: Set to 0 (or off/false/no) to never import numba in this process.
 ENV = "MOLMOACT2_NUMBA"
+ON_WORDS = ("1", "on", "true", "yes")
+OFF_WORDS = ("0", "off", "false", "no")
 _UNSET = object()
 
 
@@ -27,7 +29,18 @@ class Mismatch(RuntimeError):
 
 
 def switched_off() -> bool:
-    return os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no")
+    """``MOLMOACT2_NUMBA`` read strictly: unset or an on word means on, an off word off,
+    anything else is refused (a typo must not silently mean on)."""
+    from ..errors import MolmoActError
+
+    raw = os.environ.get(ENV, "")
+    text = raw.strip().lower()
+    if text in ("", *ON_WORDS):
+        return False
+    if text in OFF_WORDS:
+        return True
+    raise MolmoActError(f"{ENV}={raw!r}: use one of {', '.join(ON_WORDS)} (numba on) or "
+                        f"{', '.join(OFF_WORDS)} (off)")
 
 
 class CheckedKernel:
@@ -58,7 +71,14 @@ class CheckedKernel:
             self.why_not = ""
 
     def _build(self):
-        if switched_off():
+        from ..errors import MolmoActError
+
+        try:
+            off = switched_off()
+        except MolmoActError as exc:  # refused where it is read first (CLI, configure)
+            self.why_not = str(exc)
+            return None
+        if off:
             self.why_not = f"{ENV}={os.environ.get(ENV)}"
             return None
         try:

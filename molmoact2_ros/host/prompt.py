@@ -86,6 +86,12 @@ class PromptConfig:
         except ValueError as exc:
             raise BundleError(f"{self.source}: template is not a format string ({exc}); "
                               "escape literal braces as {{ }}") from None
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "str" and f.name not in ("template", "setup", "control", "source") \
+                    and not value.strip():
+                raise BundleError(f"{self.source}: {f.name} is empty; it must name a token, "
+                                  f"e.g. {getattr(PromptConfig, f.name)!r}")
         allowed = {"task", "setup", "control", "state"}
         if names - allowed or not {"task", "state"} <= names:
             raise BundleError(
@@ -128,6 +134,15 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def added_tokens(self) -> list[str]:
+        """Every added or special token of this tokenizer (what an instruction must not
+        contain: each would be tokenised as that token, not as text)."""
+        try:
+            tokens = self._tok.get_added_tokens_decoder().values()
+        except AttributeError:  # tokenizers < 0.14
+            return []
+        return sorted({t.content for t in tokens if t.content.strip()}, key=len, reverse=True)
 
 
 class EmbeddingTable:
@@ -301,12 +316,40 @@ class PromptBuilder:
         self._state_token = re.compile(
             re.escape(config.state_token_format).replace(r"\{\}", "{}").format(r"\d+"))
         self._state_rows = table.rows(np.arange(self.state_base_id, last + 1))
+        self._check_markers(tid)
+        self._added = tokenizer.added_tokens()
         block = (
             config.image_start_token
             + config.image_patch_token * variant.image_tokens_per_camera
             + config.image_end_token
         )
         self._image_block = block
+
+    def _check_markers(self, tid) -> None:
+        """At load, blame the bundle, not a later instruction: every marker token must
+        tokenise as itself (an added token), and the template must hold one image
+        placeholder per camera."""
+        config = self.config
+        markers = {"image_start_token": config.image_start_token,
+                   "image_patch_token": config.image_patch_token,
+                   "image_end_token": config.image_end_token,
+                   "state_start_token": config.state_start_token,
+                   "state_end_token": config.state_end_token,
+                   "state_token_format": config.state_token_format.format(0)}
+        for name, token in markers.items():
+            if self.tokenizer.encode(token) != [tid(token)]:
+                raise BundleError(
+                    f"{self.tokenizer.path}: {token!r} ({config.source} field {name}) does not "
+                    "tokenise as one token: the tokenizer has it in its vocabulary but not as "
+                    "an added token; use the tokenizer.json the bundle was exported with")
+        fixed = config.template.format(task="", setup=self.setup, control=self.control,
+                                       state="")
+        found = fixed.count(config.image_placeholder)
+        if found != self.variant.num_cameras:
+            raise BundleError(
+                f"{config.source}: template holds image_placeholder "
+                f"{config.image_placeholder!r} {found} times; variant {self.variant.name} "
+                f"needs {self.variant.num_cameras} (one per camera)")
 
     def text(self, instruction: str, bins: np.ndarray | None = None) -> str:
         """The prompt string (before BOS and padding)."""
@@ -369,6 +412,12 @@ class PromptBuilder:
     def _task(self, instruction: str) -> str:
         if not isinstance(instruction, str):
             raise PromptError(f"instruction must be a string, got {type(instruction).__name__}")
+        try:
+            instruction.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise PromptError(
+                f"instruction is not UTF-8 text ({exc.reason} at character {exc.start}: "
+                f"{instruction[exc.start]!r}); send plain text") from None
         task = normalize_instruction(instruction) if self.config.normalize_language else instruction
         if not task.strip():
             raise PromptError(
@@ -382,16 +431,17 @@ class PromptBuilder:
     def _check_reserved(self, text: str) -> None:
         """Model marker tokens in the instruction are refused, naming the token."""
         found = self._state_token.search(text)
+        reserved = [*self.config.reserved_tokens(), *self._added]
         token = found.group(0) if found else next(
-            (t for t in self.config.reserved_tokens() if t and t in text), None)
+            (t for t in reserved if t and t in text), None)
         if token is None:
             lowered = text.lower()
-            token = next((t for t in self.config.reserved_tokens()
-                          if t and t.lower() in lowered), None)
+            token = next((t for t in reserved if t and t.lower() in lowered), None)
         if token is not None:
             raise PromptError(
                 f"instruction contains the reserved model token {token!r}; remove it "
-                "(marker tokens cannot be part of a task instruction)")
+                "(the tokenizer's added and special tokens cannot be part of a task "
+                "instruction)")
 
     def _state_positions(self, ids: np.ndarray, valid: np.ndarray) -> np.ndarray:
         starts = np.flatnonzero((ids == self.state_start_id) & valid)

@@ -231,9 +231,15 @@ def read_chunk_bag(path: Path) -> GoldenChunks:
             msg = reader.deserialize(raw, conn.msgtype)
             if conn.msgtype == STRING_TYPE:
                 try:
-                    golden.settings = json.loads(msg.data)
+                    settings = json.loads(msg.data)
                 except ValueError:
                     raise GoldenError(f"golden bag {path}: {SETTINGS_TOPIC} is not JSON") from None
+                if not isinstance(settings, dict):
+                    kind = type(settings).__name__.replace("dict", "object")
+                    raise GoldenError(f"golden bag {path}: {SETTINGS_TOPIC} holds a JSON {kind}; "
+                                      "the settings must be an object of name: value (as "
+                                      "replay --record writes them)")
+                golden.settings = settings
                 continue
             stamp = int(msg.header.stamp.sec) * 10**9 + int(msg.header.stamp.nanosec)
             actions = np.asarray(msg.actions, np.float32)

@@ -103,6 +103,7 @@ def replay(
     pending: list = []
     sync = ApproxTimeSync(3, int(settings["sync.slop_s"] * 1e9), settings["sync.queue_size"],
                           pending.append)
+    controller.attach_sync(sync)
     wanted = {t: i for i, t in enumerate(topics)}
     handler = _FirstMessages()
     logger = logging.getLogger("molmoact2_ros.control.controller")
@@ -118,7 +119,7 @@ def replay(
                 now["ns"] = log_ns
                 msg = reader.deserialize(raw, conn.msgtype)
                 result.messages += 1
-                sync.add(wanted[conn.topic], _stamp_ns(msg), msg)
+                controller.offer(sync, wanted[conn.topic], _stamp_ns(msg), msg)
                 while pending:
                     _feed(controller, settings, pending.pop(0), result)
                     result.synced += 1
@@ -183,7 +184,9 @@ def write_observation_bag(
     namespace: str = "",
 ) -> None:
     """A bag of rgb8 (or jpeg/png CompressedImage) images + JointState from
-    ``(stamp_ns, primary, wrist, state)`` frames (turns golden traces into replayable bags)."""
+    ``(stamp_ns, primary, wrist, state)`` frames (turns golden traces into replayable bags).
+    A fifth item, when present, is the header stamp written instead of ``stamp_ns`` (which
+    stays the recording time): a sensor clock glitch."""
     _, rosbag2, _ = rosbags_modules()
     if compressed not in ("", "jpeg", "png"):
         raise BagError(f"compressed format {compressed!r}: choose jpeg or png")
@@ -215,12 +218,15 @@ def write_observation_bag(
                                  is_bigendian=0, step=w * 3,
                                  data=np.ascontiguousarray(img).reshape(-1))
 
-        for stamp, primary, wrist, state in frames:
+        for row in frames:
+            stamp, primary, wrist, state = row[:4]
+            glitch = (row[4] - stamp) if len(row) > 4 else 0  # header stamp - recording time
             for conn, img, ns in ((conns[0], primary, stamp), (conns[1], wrist,
                                                                 stamp + wrist_offset_ns)):
-                writer.write(conn, ns, store.serialize_cdr(image(img, ns), conn.msgtype))
+                writer.write(conn, ns, store.serialize_cdr(image(img, ns + glitch),
+                                                           conn.msgtype))
             js = t[JOINT_STATE_TYPE](
-                header=header(stamp + 1_000_000), name=names,
+                header=header(stamp + 1_000_000 + glitch), name=names,
                 position=np.asarray(state, np.float64), velocity=np.zeros(0), effort=np.zeros(0))
             writer.write(conns[2], stamp + 1_000_000, store.serialize_cdr(js, conns[2].msgtype))
 

@@ -44,7 +44,7 @@ from ..control.stamps import CLOCK_JUMP_BACK_S, CLOCK_JUMP_FORWARD_S
 from ..control.sync import ApproxTimeSync
 from ..control.topics import subscription_topics
 from ..errors import MolmoActError
-from ..host.image_header import check_image_side
+from ..host.image_header import check_image_area
 from ..host.images import decode_compressed, decode_image
 from ..host.state import state_from_joint_state, state_from_pose
 from .common import NODE_NAME, TICK_PERIOD_S, _duration, _RosLogHandler, _stamp_ns, new_executor
@@ -73,6 +73,7 @@ class PolicyNode(Node):
         self._chunk_pub = None
         self._traj_pub = None
         self._sync: ApproxTimeSync | None = None
+        self._reverting = False
         self._tf_buffer = None
         self._tf_listener = None
         self._bridge = None
@@ -239,8 +240,8 @@ class PolicyNode(Node):
 
     def _on_message(self, stream: int, msg) -> None:
         sync = self._sync
-        if sync is not None:
-            sync.add(stream, _stamp_ns(msg), msg)
+        if sync is not None:  # future stamps are refused before they reach the synchroniser
+            self.controller.offer(sync, stream, _stamp_ns(msg), msg)
 
     def _on_synced(self, items) -> None:
         try:
@@ -256,7 +257,7 @@ class PolicyNode(Node):
         max_side = self.controller.settings["max_image_side_px"]
         if isinstance(msg, CompressedImage):
             return decode_compressed(msg.format, bytes(msg.data), max_side_px=max_side)
-        check_image_side(msg.width, msg.height, max_side, "Image")
+        check_image_area(msg.width, msg.height, max_side, "Image")
         if self._bridge is not None and msg.encoding in ("rgb8", "bgr8", "rgba8", "bgra8",
                                                          "mono8"):
             try:
@@ -332,21 +333,32 @@ class PolicyNode(Node):
         return Settings(values)
 
     def _on_set_parameters(self, params: list[Parameter]) -> SetParametersResult:
+        """rclpy's parameter callback (it has no try): never raises, refuses with a reason."""
+        try:
+            return self._set_parameters(params)
+        except Exception as exc:
+            reason = f"refused: the check failed ({type(exc).__name__}: {exc})"
+            self.get_logger().error(reason)
+            return SetParametersResult(successful=False, reason=reason)
+
+    def _set_parameters(self, params: list[Parameter]) -> SetParametersResult:
         changes = {}
         for p in params:
             if p.name in PARAMS_BY_NAME:
                 value = p.value
                 changes[p.name] = list(value) if isinstance(value, (list, tuple)) or (
                     hasattr(value, "tolist")) else value
-        if not changes:
-            return SetParametersResult(successful=True)
+        running = self.controller.settings
+        if not changes or (self._reverting and all(running[k] == v for k, v in changes.items())):
+            return SetParametersResult(successful=True)  # the revert sets what already runs
         # One step under the controller's lock; values equal to the running ones (as the
         # revert after a failed swap sets) are accepted without effect.
         ok, reason, how = self.controller.request(changes)
         if ok:
-            if how == "configure":
-                self.get_logger().info(f"{sorted(changes)} apply at the next configure")
-            elif how == "reload":
+            if how.endswith("configure"):
+                later = sorted(k for k in changes if PARAMS_BY_NAME[k].apply == "configure")
+                self.get_logger().info(f"{later} apply at the next configure")
+            if how.startswith("reload"):
                 self.get_logger().info(f"reloading sessions in the background for {changes}")
         return SetParametersResult(successful=ok, reason=reason)
 
@@ -356,9 +368,14 @@ class PolicyNode(Node):
             return
         self.get_logger().error(reason)
         # Put the parameters back to what actually runs; equal to the controller's settings,
-        # they pass _on_set_parameters without effect (no reload is triggered).
-        self.set_parameters([Parameter(p.name, value=settings[p.name]) for p in PARAMS
-                             if p.apply == "reload"])
+        # they pass _on_set_parameters without effect (no reload is triggered, even with no
+        # runtime loaded, where setting a reload value again is a reload).
+        self._reverting = True
+        try:
+            self.set_parameters([Parameter(p.name, value=settings[p.name]) for p in PARAMS
+                                 if p.apply == "reload"])
+        finally:
+            self._reverting = False
 
     # -- diagnostics -----------------------------------------------------------------------------
     def _make_diagnostics(self):

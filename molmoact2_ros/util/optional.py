@@ -14,6 +14,7 @@ EXTRAS = {
     "rosbags": ("rosbags", "replay"),
     "safetensors": ("safetensors", "export"),
     "matplotlib": ("matplotlib", "plot"),
+    "ray": ("ray", "cluster"),
 }
 
 

@@ -57,6 +57,15 @@ def _wrong_type(tmp, tr):
                          lambda t: t(data="not a joint state"))])
 
 
+def _golden_settings_list(tmp, tr):
+    """A chunk bag whose settings message is a JSON list, not an object."""
+    from molmoact2_ros.replay.chunkbag import ChunkBagWriter
+
+    writer = ChunkBagWriter(tmp / "listgolden", ["variant", "lp_vtp_sd"])
+    writer.close()
+    return _raw(tmp, tr)
+
+
 def _empty_bag(tmp, tr):
     from rosbags.rosbag2 import StoragePlugin, Writer
 
@@ -124,9 +133,24 @@ REPLAY_CASES = [
      r"golden bag .*nogolden does not exist"),
     ("golden-not-a-chunk-bag", _raw, ["--golden", "{tmp}/obs"],
      r"golden bag .*obs holds no molmoact2_ros/msg/ActionChunk topic; it has /camera"),
+    ("golden-settings-list", _golden_settings_list, ["--golden", "{tmp}/listgolden"],
+     r"golden bag .*listgolden: /molmoact2_replay/settings holds a JSON list; the settings "
+     r"must be an object"),
     ("golden-npz-corrupt", _raw, ["--golden", "{tmp}/bad.npz"],
      r"bad\.npz is not a readable \.npz"),
     ("report-is-a-file", _raw, ["--report", "{tmp}/existing"], r"--report .*existing is a file"),
+    # outputs never replace inputs, --force or not (the recording stays as it was)
+    ("record-is-the-bag", _raw, ["--record", "{tmp}/obs", "--force"],
+     r"--record bag .*obs is the input bag .*obs; write outputs to a new path"),
+    ("record-contains-the-bag", _raw, ["--record", "{tmp}", "--force"],
+     r"--record bag .* contains the input bag .*obs"),
+    ("report-inside-the-bag", _raw, ["--report", "{tmp}/obs/report", "--force"],
+     r"--report .*obs/report lies inside the input bag"),
+    ("record-dir-holds-the-bag", _raw, ["--record-dir", "{tmp}", "--force"],
+     r"--record-dir .* contains the input bag .*obs"),
+    ("record-is-the-golden", _raw, ["--golden", "{tmp}/golden.npz", "--record",
+                                    "{tmp}/golden.npz", "--force"],
+     r"--record bag .*golden\.npz is the input --golden"),
 ]
 
 
@@ -136,6 +160,7 @@ def scene(tmp_path):
     (tmp_path / "workspace").mkdir()
     (tmp_path / "workspace" / "notes.txt").write_text("keep me\n")
     (tmp_path / "bad.npz").write_bytes(b"PK\x03\x04 truncated")
+    (tmp_path / "golden.npz").write_bytes(b"PK\x03\x04 a golden trace")
     return tmp_path
 
 
@@ -197,6 +222,10 @@ TRACE_CASES = [
      ["--frames", "0"], r"argument --frames: 0 is below the minimum 1"),
     ("bad-period", lambda t, root: root / "grid_sampler/golden/e2e_trace.npz", "{tmp}/out",
      ["--period-s", "0"], r"argument --period-s: 0\.0 is outside \(0\.0, 3600\.0\]"),
+    ("out-is-the-trace", lambda t, root: t / "golden.npz", "{tmp}/golden.npz", ["--force"],
+     r"output bag .*golden\.npz is the input trace"),
+    ("too-many-frames", lambda t, root: root / "grid_sampler/golden/e2e_trace.npz", "{tmp}/out",
+     ["--frames", "100000000"], r"argument --frames: 100000000 is above the maximum 100000"),
 ]
 
 

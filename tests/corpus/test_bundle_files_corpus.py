@@ -155,6 +155,31 @@ CASES = [
 ]
 
 
+def _tokenizer_without_state_tokens(root: Path) -> None:
+    """<state_*> stay in the vocabulary but are no longer added tokens (split as text)."""
+    path = root / "host" / "tokenizer.json"
+    data = json.loads(path.read_text())
+    data["added_tokens"] = [t for t in data["added_tokens"]
+                            if not t["content"].startswith("<state_")]
+    path.write_text(json.dumps(data))
+
+
+#: Bundle faults that used to be blamed on the instruction: refused when the prompt builder
+#: is made (at load), naming the file and the field.
+LOAD_CASES = [
+    ("prompt-empty-image-placeholder", "host/prompt.json", _set("image_placeholder", ""),
+     ["prompt.json", "image_placeholder is empty"]),
+    ("prompt-empty-state-start", "host/prompt.json", _set("state_start_token", " "),
+     ["prompt.json", "state_start_token is empty"]),
+    ("prompt-one-image-placeholder", "host/prompt.json",
+     _set("template", "Image 1<|image|> {task} {state}"),
+     ["prompt.json", "image_placeholder '<|image|>' 1 times", "needs 2"]),
+    ("tokenizer-without-state-tokens", "host/tokenizer.json", _tokenizer_without_state_tokens,
+     ["tokenizer.json", "'<state_start>'", "field state_start_token",
+      "not as an added token"]),
+]
+
+
 @pytest.fixture(scope="module")
 def pristine(tiny_root, tmp_path_factory) -> Path:
     """The grid_sampler bundle without its graphs and contexts (only what the host reads)."""
@@ -177,5 +202,26 @@ def test_bad_bundle_file_is_refused_in_one_line(name, file, edit, words, pristin
         _load_host(root)
     message = str(err.value)
     assert "\n" not in message, message
+    for word in words:
+        assert word in message, (word, message)
+
+
+@pytest.mark.parametrize("name,file,edit,words", LOAD_CASES, ids=[c[0] for c in LOAD_CASES])
+def test_bundle_fault_is_blamed_on_the_bundle_at_load(name, file, edit, words, pristine,
+                                                      tmp_path):
+    root = tmp_path / "grid_sampler"
+    shutil.copytree(pristine, root)
+    if file.endswith("prompt.json"):
+        _json_edit(file, edit)(root)
+    else:
+        edit(root)
+    bundle = Bundle.open(root)
+    with pytest.raises(BundleError) as err:  # before any instruction is planned
+        PromptBuilder(PromptConfig.from_json(bundle.host_path("prompt.json")),
+                      Tokenizer(bundle.host_path("tokenizer.json")),
+                      EmbeddingTable(bundle.host_path("embeddings.npy")), bundle.conventions(),
+                      bundle.variant)
+    message = str(err.value)
+    assert "\n" not in message and "instruction" not in message, message
     for word in words:
         assert word in message, (word, message)

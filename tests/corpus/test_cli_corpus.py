@@ -77,6 +77,27 @@ def _no_tokenizer(tiny: Path, tmp: Path) -> Path:
     return ckpt
 
 
+def _linked_conventions(tiny: Path, tmp: Path) -> Path:
+    """A bundle whose host/conventions.json (wrong values) is a symlink to a file outside."""
+    dst = _variant_copy(tiny, tmp)
+    conv = dst / "host" / "conventions.json"
+    data = json.loads(conv.read_text())
+    data["padding_side"] = "left" if data["padding_side"] == "right" else "right"
+    (tmp / "outside.json").write_text(json.dumps(data))
+    conv.unlink()
+    conv.symlink_to(tmp / "outside.json")
+    return dst
+
+
+def _linked_host(tiny: Path, tmp: Path) -> Path:
+    """A bundle whose host/ folder is a symlink to a folder outside it."""
+    dst = _variant_copy(tiny, tmp)
+    shutil.move(dst / "host", tmp / "outside_host")
+    (dst / "host").symlink_to(tmp / "outside_host")
+    (tmp / "outside_host" / "conventions.json").unlink()
+    return dst
+
+
 T = "{tiny}"  # the tiny bundle root
 # (case id, argv with {tiny}/{made}/{tmp} placeholders, maker for {made}, expected message)
 CASES = [
@@ -143,7 +164,31 @@ CASES = [
      "output path"),
     ("replay negative flow steps", ["replay", "bag", "--bundle-root", T, "--instruction", "x",
                                     "--flow-steps", "-1"], None,
-     "flow_steps=-1 is out of range [0, 100]"),
+     "argument --flow-steps: -1 is below the minimum 0"),
+    ("replay seed below -1", ["replay", "bag", "--bundle-root", T, "--seed", "-2"], None,
+     "argument --seed: -2 is below the minimum -1"),
+    ("bench steps huge", ["bench", "--steps", "1000000"], None,
+     "argument --steps: 1000000 is above the maximum 100"),
+    ("bench chunks huge", ["bench", "--chunks", "100000000"], None,
+     "argument --chunks: 100000000 is above the maximum 100000"),
+    ("closed-loop horizon huge", ["bench", "--closed-loop", "--horizons", "100000000"], None,
+     "argument --horizons: 100000000 is above the maximum 1000"),
+    ("closed-loop horizon float", ["bench", "--closed-loop", "--horizons", "1e8"], None,
+     "argument --horizons: '1e8' is not an integer"),
+    ("closed-loop seed negative", ["bench", "--closed-loop", "--seed", "-1"], None,
+     "argument --seed: -1 is below the minimum 0"),
+    ("tiny-bundle seed negative", ["tiny-bundle", "{tmp}/tb", "--seed", "-1"], None,
+     "argument --seed: -1 is below the minimum 0"),
+    ("demo chunks huge", ["demo", T, "--chunks", "10000000"], None,
+     "argument --chunks: 10000000 is above the maximum 100000"),
+    ("doctor repeats huge", ["doctor", T, "--repeats", "10000000"], None,
+     "argument --repeats: 10000000 is above the maximum 1000"),
+    ("bench json inside the bundle root", ["bench", "--closed-loop", "--bundle-root", T,
+                                           "--json", T + "/grid_sampler/x.json"], None,
+     "lies inside the input --bundle-root"),
+    ("export-host output inside the checkpoint", ["export-host", "{made}", "{made}",
+                                                  "--variant", "grid_sampler"], _checkpoint,
+     "lies inside the input checkpoint"),
     ("replay negative max age", ["replay", "bag", "--bundle-root", T, "--instruction", "x",
                                  "--max-age", "-1"], None,
      "argument --max-age: -1.0 is outside"),
@@ -153,6 +198,10 @@ CASES = [
     ("replay --set bad value", ["replay", "bag", "--bundle-root", T, "--instruction", "x",
                                 "--set", "rate_hz=fast"], None,
      "--set rate_hz='fast': expected float"),
+    ("conventions --write through a symlinked file", ["conventions", "{made}", "--write"],
+     _linked_conventions, "conventions.json is a symlink (to "),
+    ("conventions --write into a symlinked host folder", ["conventions", "{made}", "--write"],
+     _linked_host, "host is a symlink (to "),
     ("replay missing bundle root", ["replay", "bag", "--bundle-root", "{tmp}/nowhere",
                                     "--instruction", "x"], None, "nowhere does not exist"),
 ]
@@ -184,3 +233,85 @@ def test_nothing_is_written_on_refused_export(tiny_root, tmp_path):
     assert main(["export-host", str(ckpt), str(tmp_path / "b"), "--variant", "fused"]) == 2
     assert list((tmp_path / "b" / "host").iterdir()) == []
     assert np.load(tiny_root / "fused" / "host" / "embeddings.npy").size  # source untouched
+
+
+def _numeric_options():
+    """Every option of every command whose value is a number: (command, option, type)."""
+    import argparse
+
+    from molmoact2_ros.cli.app import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in sub.choices.items():
+        for action in command._actions:
+            if action.choices is not None or not action.option_strings:
+                continue
+            number = action.type in (int, float) or isinstance(action.default, (int, float)) \
+                and not isinstance(action.default, bool) or hasattr(action.type, "range_text")
+            if number:
+                yield name, action.option_strings[-1], action
+
+
+def test_every_numeric_option_has_a_documented_range():
+    """One typed-range helper (cli/args.py) for every number: a range and (range: ...) in help."""
+    from molmoact2_ros.cli.app import build_parser
+
+    options = list(_numeric_options())
+    assert len(options) >= 25
+    unbounded = [f"{c} {o}" for c, o, a in options if not getattr(a.type, "range_text", "")]
+    assert not unbounded, unbounded
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for command, option, _ in options:
+        text = sub.choices[command].format_help()
+        at = text.rindex("  " + option + " ")  # the option's entry, after the usage line
+        entry = " ".join(text[at:].split("\n  -", 1)[0].split())
+        assert "(range: " in entry, (command, option, entry)
+
+
+def test_conventions_write_never_writes_outside_the_bundle(tiny_root, tmp_path):
+    made = _linked_conventions(tiny_root, tmp_path)
+    before = (tmp_path / "outside.json").read_bytes()
+    assert main(["conventions", str(made), "--write"]) == 2
+    assert (tmp_path / "outside.json").read_bytes() == before
+    assert (made / "host" / "conventions.json").is_symlink()
+    host = _linked_host(tiny_root, tmp_path / "h")
+    assert main(["conventions", str(host), "--write"]) == 2
+    assert not (tmp_path / "h" / "outside_host" / "conventions.json").exists()
+
+
+@pytest.mark.parametrize("value", ["banana", "2", "of", "enable"])
+def test_numba_switch_refuses_anything_but_on_off_words(value, tiny_root, monkeypatch, capsys):
+    """Like MOLMOACT2_APPBUILDER: a typo is refused in one line, never silently 'on'."""
+    from molmoact2_ros.host.jit import switched_off
+
+    monkeypatch.setenv("MOLMOACT2_NUMBA", value)
+    assert main(["conventions", str(tiny_root / "grid_sampler")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [err.strip()] and "Traceback" not in err
+    assert f"MOLMOACT2_NUMBA={value!r}: use one of 1, on, true, yes" in err
+    with pytest.raises(Exception, match="MOLMOACT2_NUMBA"):
+        switched_off()
+
+
+@pytest.mark.parametrize("value,off", [("", False), ("1", False), ("ON", False),
+                                       (" yes ", False), ("true", False), ("0", True),
+                                       ("Off", True), ("false", True), ("no", True)])
+def test_numba_switch_accepts_the_usual_words(value, off, monkeypatch):
+    from molmoact2_ros.host.jit import switched_off
+
+    monkeypatch.setenv("MOLMOACT2_NUMBA", value)
+    assert switched_off() is off
+
+
+def test_numba_switch_typo_fails_configure(tiny_root, monkeypatch):
+    from controller_fakes import Rig
+
+    from molmoact2_ros.errors import MolmoActError
+
+    monkeypatch.setenv("MOLMOACT2_NUMBA", "banana")
+    rig = Rig(tiny_root)
+    with pytest.raises(MolmoActError, match="MOLMOACT2_NUMBA='banana'"):
+        rig.ctl.configure()
+    assert rig.ctl.policy is None

@@ -38,7 +38,9 @@ RAW = [
     ("bgra16", 2, 2, 16, bytes(32), ["bgra16"]),
     ("yuv422", 2, 2, 4, bytes(8), ["yuv422", "not supported"]),
     ("rgb8", 20000, 20000, 60000, bytes(16), ["20000x20000", "max_image_side_px=4096"]),
-    ("rgb8", 1, 5000, 15000, bytes(15000), ["5000x1", "max_image_side_px"]),
+    ("rgb8", 5000, 5000, 15000, bytes(15000), ["5000x5000", "25000000 pixels",
+                                                "max_image_side_px=4096 squared"]),
+    ("rgb8", 1, 20_000_000, 60_000_000, bytes(16), ["20000000x1", "max_image_side_px"]),
     ("rgb8", 0, 4, 12, b"", ["must be positive", "empty frame"]),
     ("rgb8", -3, 4, 12, b"", ["must be positive"]),
     ("rgb8", 4, 4, 11, bytes(44), ["Image.step 11", "smaller than"]),
@@ -54,6 +56,13 @@ RAW = [
                          ids=[f"{r[0]}-{r[1]}x{r[2]}-{r[3]}" for r in RAW])
 def test_bad_raw_image(encoding, height, width, step, data, words):
     _refused(lambda: decode_image(encoding, height, width, step, data), *words)
+
+
+@pytest.mark.parametrize("height,width", [(3, 5000), (5000, 3), (4096, 4096)])
+def test_raw_strips_within_the_area_cap_decode(height, width):
+    """The cap is an area for raw frames: a harmless 3x5000 strip is not refused."""
+    img = decode_image("rgb8", height, width, width * 3, bytes(height * width * 3))
+    assert img.shape == (height, width, 3)
 
 
 def test_raw_image_cap_is_configurable():

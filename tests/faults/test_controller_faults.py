@@ -30,7 +30,7 @@ def test_unexpected_exception_in_predict_is_counted_and_the_thread_keeps_running
     ctl = rig.start(worker=True)
     ctl.policy.fail = ValueError("operands could not be broadcast")
     rig.observe()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while not ctl.drops["inference_error"] and time.monotonic() < deadline:
         time.sleep(0.005)
     d = ctl.diagnostics()
@@ -54,7 +54,7 @@ def test_publisher_error_is_caught_in_the_loop(rig, caplog):
     rig.ctl._publish = flaky
     ctl = rig.start(worker=True)
     rig.observe()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while not ctl.counts["inference_errors"] and time.monotonic() < deadline:
         time.sleep(0.005)
     assert "publisher's context is invalid" in ctl.diagnostics()["message"]
@@ -101,7 +101,7 @@ def test_failed_swap_rolls_back_and_keeps_publishing(rig):
     ctl = rig.start()
     rig.failing.add("fused")
     assert ctl.request({"variant": "fused"}) == (True, "", "reload")
-    ctl.wait_for_swap(5)
+    ctl.wait_for_swap(60)
     ok, reason, variant = rig.swaps[-1]
     assert not ok and "loading fused failed (cannot load fused); rolled back" in reason
     assert variant == "grid_sampler" == ctl.settings["variant"] == ctl.policy.variant
@@ -114,7 +114,7 @@ def test_failed_rollback_leaves_a_defined_state(rig):
     ctl = rig.start()
     rig.failing |= {"fused", "grid_sampler"}
     ctl.apply({"variant": "fused"})
-    ctl.wait_for_swap(5)
+    ctl.wait_for_swap(60)
     assert ctl.policy is None and ctl.state == ACTIVE
     d = ctl.diagnostics()
     assert d["level"] == "error" and "no runtime is loaded" in d["message"]
@@ -134,12 +134,12 @@ def test_after_a_failed_rollback_a_new_variant_loads(rig):
     ctl = rig.start()
     rig.failing |= {"fused", "grid_sampler"}
     ctl.apply({"variant": "fused"})
-    ctl.wait_for_swap(5)
+    ctl.wait_for_swap(60)
     assert ctl.policy is None
     ok, reason = ctl.validate({"variant": "lp_vtp_sd"})
     assert ok, reason
     assert ctl.apply({"variant": "lp_vtp_sd"}) == "reload"
-    ctl.wait_for_swap(5)
+    ctl.wait_for_swap(60)
     assert ctl.policy.variant == "lp_vtp_sd" == ctl.settings["variant"]
     assert ctl.diagnostics()["level"] == "ok"
     rig.observe()
@@ -152,7 +152,7 @@ def test_cleanup_racing_a_swap_leaves_nothing_loaded(rig):
     ctl.apply({"variant": "lp_vtp_sd"})
     ctl.deactivate()
     ctl.cleanup()
-    ctl.wait_for_swap(5)
+    ctl.wait_for_swap(60)
     assert ctl.state == UNCONFIGURED and ctl.policy is None
     loads = [e for e in rig.events if e[0] == "load"]
     closes = [e for e in rig.events if e[0] == "close"]
@@ -167,7 +167,7 @@ def test_flow_steps_changed_during_a_swap_reach_the_new_sessions(rig):
     time.sleep(0.05)
     assert ctl.swapping
     assert ctl.request({"flow_steps": 4}) == (True, "", "live")
-    ctl.wait_for_swap(5)
+    ctl.wait_for_swap(60)
     assert ctl.settings["flow_steps"] == 4 and ctl.policy.flow_steps == 4
     rig.observe()
     assert ctl.process_pending().chunk.flow_steps == 4 and len(rig.published) == 1
@@ -182,7 +182,7 @@ def test_instruction_and_variant_during_a_swap_are_refused_with_a_reason(rig):
     assert not ok and "swap to fused is in progress" in reason and "instruction" in reason
     ok, reason, _ = ctl.request({"variant": "lp_vtp_sd"})
     assert not ok and "swap to fused is in progress" in reason
-    ctl.wait_for_swap(5)
+    ctl.wait_for_swap(60)
     assert ctl.settings["instruction"] == "pick up the bowl" == ctl.policy.instruction
     ok, reason = ctl.validate({"instruction": "a b c d e f g h i j"})
     assert not ok and "too long for variant fused" in reason
@@ -193,7 +193,7 @@ def test_revert_after_failed_swap_is_a_no_op(rig):
     ctl = rig.start()
     rig.failing.add("fused")
     ctl.apply({"variant": "fused"})
-    ctl.wait_for_swap(5)
+    ctl.wait_for_swap(60)
     loads = len(rig.events)
     # what the node sets back after the failure: the running values, accepted without effect
     assert ctl.request({"variant": "grid_sampler", "backend": "onnx"}) == (True, "", "live")
@@ -229,7 +229,7 @@ def test_param_storm_during_swaps_never_splits_settings(rig):
     stop.set()
     for t in threads:
         t.join(5)
-    ctl.wait_for_swap(5)
+    ctl.wait_for_swap(60)
     time.sleep(0.05)
     ctl.process_pending()  # apply anything still queued
     assert ctl.policy.variant == ctl.settings["variant"]

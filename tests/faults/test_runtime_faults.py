@@ -157,7 +157,7 @@ def test_stopped_worker_misses_the_deadline_and_is_killed(clean, tiny_root):
         os.kill(victim, signal.SIGSTOP)
         with pytest.raises(WorkerFailed, match="did not answer a run request"):
             pipe.run_vision()
-        assert _wait_gone([victim], 5.0)  # SIGKILL ends a stopped process too
+        assert _wait_gone([victim], 60.0)  # SIGKILL ends a stopped process too
         pipe.restart()
         _chunk(pipe)
 
@@ -170,7 +170,7 @@ def test_stopped_worker_does_not_block_close(clean, tiny_root, caplog):
     start = time.monotonic()
     pipe.close()
     assert time.monotonic() - start < TIMEOUT_S + 5
-    assert _wait_gone(pids.values(), 5.0)
+    assert _wait_gone(pids.values(), 60.0)
     assert "worker llm_split3 (sessions llm_split3, pid" in caplog.text
     assert "was killed by SIGKILL" in caplog.text
 
@@ -315,9 +315,9 @@ def test_workers_die_with_a_sigkilled_parent(control, clean, tiny_root, monkeypa
             os.kill(pids["llm_split1"], signal.SIGSTOP)
         time.sleep(0.5)  # the busy worker is inside its hung call by now
         proc.kill()
-        assert proc.wait(30) == -signal.SIGKILL
+        assert proc.wait(300) == -signal.SIGKILL
         # PDEATHSIG: immediate, also for the stopped worker (no lifeline grace needed)
-        assert _wait_gone(pids.values(), 5.0), "workers outlived their orchestrator"
+        assert _wait_gone(pids.values(), 60.0), "workers outlived their orchestrator"
     finally:
         proc.kill()
         proc.wait()

@@ -1,0 +1,44 @@
+"""``--ray [ADDRESS]`` and the actor options, shared by the commands that fan out over Ray."""
+
+from __future__ import annotations
+
+import argparse
+
+from .args import float_in, int_at_least
+
+
+def add_ray_args(p: argparse.ArgumentParser, *, what: str, memory_gb: float = 0.0) -> None:
+    """The Ray options of a command whose work items are ``what`` (bags, episodes)."""
+    g = p.add_argument_group("Ray (pip install -e '.[cluster]')")
+    g.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help=f"run the {what} on Ray actors: alone or 'local' starts a local cluster "
+                   "sized to this machine; HOST:PORT, ray://HOST:PORT or 'auto' joins one "
+                   "(`ray start --head` prints its address)")
+    g.add_argument("--ray-actors", type=int_at_least(1),
+                   help="actors to start (default: as many as the cluster's resources hold)")
+    g.add_argument("--ray-cpus", type=float_in(0.0, 1024.0, low_open=True), default=1.0,
+                   help="CPUs each actor declares")
+    g.add_argument("--ray-memory-gb", type=float_in(0.0, 4096.0), default=memory_gb,
+                   help="memory each actor declares, GiB (0: none declared)")
+    g.add_argument("--ray-gpus", type=float_in(0.0, 64.0), default=0.0,
+                   help="GPUs each actor declares (e.g. 1 for MUJOCO_GL=egl rendering)")
+    g.add_argument("--ray-retries", type=int_at_least(0), default=1,
+                   help=f"times one of the {what} is re-run when its actor dies")
+
+
+def fix_ray_address(args: argparse.Namespace, positional: str) -> None:
+    """``--ray BAG`` parses BAG as the address: a word that is no address goes back to the
+    front of the positional list ``positional`` and ``--ray`` means local."""
+    from ..cluster.connect import LOCAL, is_address
+
+    if args.ray is not None and not is_address(args.ray):
+        getattr(args, positional).insert(0, args.ray)
+        args.ray = LOCAL
+
+
+def resources(args: argparse.Namespace):
+    """The ``Resources`` each actor declares, from the options."""
+    from ..cluster.fanout import Resources
+
+    return Resources(num_cpus=args.ray_cpus, memory_bytes=int(args.ray_memory_gb * 2**30),
+                     num_gpus=args.ray_gpus)

@@ -1,0 +1,207 @@
+"""An evaluation's summary from its ledger: success per task and suite with a 95% Wilson
+interval next to the published rates, steps, latency percentiles, chunks, drops, clips and
+sim speed; written as ``summary.json``, ``summary.md`` and a success-by-task plot."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: MolmoAct2-LIBERO's published success rates (%) to compare a deployment with: the LeRobot
+#: fine-tune per suite (average 98.25%); the original release averaged 97.2%.
+PUBLISHED = {"libero_spatial": 98.4, "libero_object": 100.0, "libero_goal": 98.0,
+             "libero_10": 96.6}
+PUBLISHED_AVERAGE = 98.25
+ORIGINAL_AVERAGE = 97.2
+Z95 = 1.959963984540054
+
+
+def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a success rate (fractions; (0, 1) for n = 0)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _rate(records: list[dict]) -> dict[str, Any]:
+    n = len(records)
+    k = sum(1 for r in records if r.get("success"))
+    lo, hi = wilson(k, n)
+    return {"episodes": n, "successes": k, "success_rate": k / n if n else 0.0,
+            "ci95": [round(lo, 4), round(hi, 4)]}
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    a = np.asarray(values, np.float64)
+    return {f"p{q}": round(float(np.percentile(a, q)), 3) for q in (50, 90, 99)} | {
+        "max": round(float(a.max()), 3), "mean": round(float(a.mean()), 3)}
+
+
+def summarize(records: list[dict[str, Any]], run: dict[str, Any] | None = None) -> dict:
+    """Plain-data summary of ledger records (any order; several suites allowed)."""
+    by_suite: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        by_suite[r["suite"]].append(r)
+    suites = {}
+    for suite, recs in sorted(by_suite.items()):
+        tasks = {}
+        by_task: dict[int, list[dict]] = defaultdict(list)
+        for r in recs:
+            by_task[int(r["task_id"])].append(r)
+        for task_id, trs in sorted(by_task.items()):
+            refused = [r["reason"] for r in trs if r.get("status") == "refused"]
+            tasks[str(task_id)] = {
+                "instruction": trs[0].get("instruction", ""),
+                **_rate(trs),
+                "mean_steps": round(float(np.mean([r["steps"] for r in trs])), 2),
+                "refused": len(refused),
+                **({"refused_reason": refused[0]} if refused else {}),
+            }
+        pub = PUBLISHED.get(suite)
+        suites[suite] = {**_rate(recs), "published_rate": pub / 100 if pub else None,
+                         "tasks": tasks}
+    done = [r for r in records if r.get("status") == "ok"]
+    drops: Counter = Counter()
+    for r in records:
+        drops.update(r.get("drops", {}))
+    timing = [r.get("timing", {}) for r in done]
+    steps = sum(r["steps"] for r in done)
+    loop_s = sum(r["steps"] / t["sim_steps_per_s"] for r, t in zip(done, timing)
+                 if t.get("sim_steps_per_s"))
+    env_ms = [t.get("env_step_ms", 0.0) for t in timing if t]
+    over_ms = [t.get("overhead_ms", 0.0) for t in timing if t]
+    wsteps = [max(r["steps"], 1) for r in done]
+    mean_env = float(np.average(env_ms, weights=wsteps)) if env_ms else 0.0
+    mean_over = float(np.average(over_ms, weights=wsteps)) if over_ms else 0.0
+    return {
+        "run": run or {},
+        "total": _rate(records),
+        "suites": suites,
+        "published": {"lerobot_finetune": PUBLISHED, "lerobot_average": PUBLISHED_AVERAGE,
+                      "original_average": ORIGINAL_AVERAGE},
+        "steps": {"total": steps, "mean": round(steps / len(done), 2) if done else 0.0},
+        "chunk_latency_sim_ms": _percentiles([x for r in done for x in r["chunk_latency_ms"]]),
+        "inference_wall_ms": _percentiles([x for t in timing for x in t.get("inference_ms", [])]),
+        "chunks": sum(r["chunks"] for r in done),
+        "rows_executed": sum(r["rows_executed"] for r in done),
+        "rows_skipped": sum(r["rows_skipped"] for r in done),
+        "idle_steps": sum(r["idle_steps"] for r in done),
+        "drops": dict(sorted(drops.items())),
+        "clipped_steps": sum(r["clipped_steps"] for r in done),
+        "clipped_values": sum(r["clipped_values"] for r in done),
+        "refused": sum(1 for r in records if r.get("status") == "refused"),
+        "sim_steps_per_s": round(steps / loop_s, 3) if loop_s else 0.0,
+        "env_step_ms": round(mean_env, 3),
+        "loop_overhead_ms": round(mean_over, 3),
+        "loop_overhead_pct_of_step": round(100 * mean_over / mean_env, 2) if mean_env else 0.0,
+    }
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def markdown(summary: dict) -> str:
+    """``summary.md``: the tables a person reads against the published rates."""
+    run = summary.get("run", {})
+    lines = ["# LIBERO evaluation", ""]
+    if run:
+        lines += ["Run: " + ", ".join(f"{k}={run[k]}" for k in sorted(run)), ""]
+    lines += ["| suite | episodes | success | 95% CI (Wilson) | published (LeRobot fine-tune) |",
+              "|---|---|---|---|---|"]
+    for suite, s in summary["suites"].items():
+        lo, hi = s["ci95"]
+        lines.append(f"| {suite} | {s['episodes']} | {_pct(s['success_rate'])} | "
+                     f"{_pct(lo)} - {_pct(hi)} | {_pct(s['published_rate'])} |")
+    t = summary["total"]
+    lines.append(f"| all | {t['episodes']} | {_pct(t['success_rate'])} | {_pct(t['ci95'][0])} - "
+                 f"{_pct(t['ci95'][1])} | average {PUBLISHED_AVERAGE}% (original "
+                 f"{ORIGINAL_AVERAGE}%) |")
+    lines += ["", "A published rate inside the interval: no evidence the deployment differs. "
+              "Above it: the deployment loses success; look at the failing tasks' videos.", ""]
+    lines += ["| suite | task | episodes | success | 95% CI | mean steps | instruction |",
+              "|---|---|---|---|---|---|---|"]
+    for suite, s in summary["suites"].items():
+        for task_id, ts in s["tasks"].items():
+            note = f" (refused: {ts['refused_reason']})" if ts.get("refused") else ""
+            lines.append(f"| {suite} | {task_id} | {ts['episodes']} | {_pct(ts['success_rate'])} "
+                         f"| {_pct(ts['ci95'][0])} - {_pct(ts['ci95'][1])} | {ts['mean_steps']} "
+                         f"| {ts['instruction']}{note} |")
+    lat, inf = summary["chunk_latency_sim_ms"], summary["inference_wall_ms"]
+    lines += ["", "| measure | value |", "|---|---|",
+              f"| policy steps (mean per episode) | {summary['steps']['total']} "
+              f"({summary['steps']['mean']}) |",
+              f"| chunks / rows executed / rows skipped / zero-command steps | "
+              f"{summary['chunks']} / {summary['rows_executed']} / {summary['rows_skipped']} / "
+              f"{summary['idle_steps']} |",
+              f"| chunk latency in sim time p50/p90/p99 ms | {lat.get('p50', '-')} / "
+              f"{lat.get('p90', '-')} / {lat.get('p99', '-')} |",
+              f"| inference wall time p50/p90/p99 ms | {inf.get('p50', '-')} / "
+              f"{inf.get('p90', '-')} / {inf.get('p99', '-')} |",
+              f"| drops | {summary['drops'] or 'none'} |",
+              f"| clipped steps (values) | {summary['clipped_steps']} "
+              f"({summary['clipped_values']}) |",
+              f"| refused instructions (episodes) | {summary['refused']} |",
+              f"| sim steps/s | {summary['sim_steps_per_s']} |",
+              f"| env.step ms / loop overhead ms (% of a step) | {summary['env_step_ms']} / "
+              f"{summary['loop_overhead_ms']} ({summary['loop_overhead_pct_of_step']}%) |", ""]
+    return "\n".join(lines)
+
+
+def plot(summary: dict, path: Path) -> bool:
+    """Success by task with Wilson intervals and the published suite rate; False without
+    matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    labels, rates, lows, highs, pubs = [], [], [], [], []
+    for suite, s in summary["suites"].items():
+        for task_id, ts in s["tasks"].items():
+            labels.append(f"{suite.replace('libero_', '')}/{task_id}")
+            rates.append(100 * ts["success_rate"])
+            lows.append(100 * (ts["success_rate"] - ts["ci95"][0]))
+            highs.append(100 * (ts["ci95"][1] - ts["success_rate"]))
+            pubs.append(None if s["published_rate"] is None else 100 * s["published_rate"])
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.5 * len(labels) + 2), 3.5))
+    x = np.arange(len(labels))
+    ax.bar(x, rates, color="#4c72b0", yerr=[lows, highs], capsize=3, label="success (95% CI)")
+    for i, p in enumerate(pubs):
+        if p is not None:
+            ax.hlines(p, i - 0.4, i + 0.4, colors="#c44e52",
+                      label="published suite rate" if i == 0 else None)
+    ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=8)
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("success %")
+    ax.set_title("LIBERO success by task")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def write(folder: Path, summary: dict) -> list[Path]:
+    """``summary.json``, ``summary.md`` and ``success_by_task.png`` (when matplotlib is there)."""
+    folder = Path(folder)
+    out = [folder / "summary.json", folder / "summary.md"]
+    out[0].write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    out[1].write_text(markdown(summary), encoding="utf-8")
+    png = folder / "success_by_task.png"
+    if plot(summary, png):
+        out.append(png)
+    return out

@@ -1,0 +1,127 @@
+"""The LIBERO loop's pieces that need no simulator: rows by stamps, the ledger's resume rules,
+the Wilson interval against published values."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from molmoact2_ros.control.chunk_io import Published
+from molmoact2_ros.control.params import Settings
+from molmoact2_ros.sim.executor import ChunkExecutor
+from molmoact2_ros.sim.ledger import Ledger, LedgerError
+from molmoact2_ros.sim.summary import summarize, wilson
+
+P = 50_000_000
+
+
+def _pub(seq: int, start_ns: int, ready_ns: int, rows: int = 4, kind: str = "delta"
+         ) -> Published:
+    actions = np.full((rows, 7), float(seq), np.float32)
+    actions[:, 0] = np.arange(rows)
+    return Published(None, actions, seq, None, Settings(), start_ns, ready_ns, start_ns,
+                     start_ns, 0, action_type=kind)
+
+
+def test_rows_run_in_the_step_that_ends_at_their_stamp_then_zero():
+    ex = ChunkExecutor(P)
+    ex.accept(_pub(1, 1000 * P, 1000 * P), 1000 * P)
+    cmds = [ex.command((1000 + k) * P) for k in range(6)]
+    assert [c[0] for c in cmds[:4]] == [0, 1, 2, 3] and all(c[1] == 1 for c in cmds[:4])
+    # delta rows: after the chunk the pose dims stop (zero) and the gripper holds its command
+    for c in cmds[4:]:
+        assert not np.any(c[:6]) and c[6] == 1.0
+    assert [e.due_ns - e.step_start_ns for e in ex.log] == [P] * 6
+    assert (ex.rows_executed, ex.rows_skipped, ex.idle_steps) == (4, 0, 2)
+
+
+def test_absolute_rows_hold_the_last_row_after_the_chunk():
+    ex = ChunkExecutor(P)
+    ex.accept(_pub(2, 0, 0, kind="absolute"), 0)
+    cmds = [ex.command(k * P) for k in range(6)]
+    np.testing.assert_array_equal(cmds[5], cmds[3])
+
+
+def test_a_chunk_counts_from_when_it_is_available_and_replaces_the_older_one():
+    ex = ChunkExecutor(P)
+    ex.accept(_pub(1, 0, 0), 0)
+    ex.accept(_pub(2, P, P + P // 2), P + P // 2)  # ready mid-step: from the next step on
+    for k in range(5):
+        ex.command(k * P)
+    rows = [(e.sequence, e.row) for e in ex.log]
+    # step 1 started before chunk 2 existed; from step 2 on chunk 2 runs at its own stamps
+    assert rows == [(1, 0), (1, 1), (2, 1), (2, 2), (2, 3)]
+    assert ex.rows_skipped == 2 + 1 and ex.chunks_superseded == 1  # chunk 1's rows 2-3, row 0
+
+
+def test_receipt_start_between_steps_plays_each_row_once_in_order():
+    ex = ChunkExecutor(P)
+    start = 3 * P + 7_000_000  # execution.start=receipt: the chunk starts when it is ready
+    ex.accept(_pub(1, start, start), start)
+    for k in range(10):
+        ex.command(k * P)
+    played = [e.row for e in ex.log if e.sequence == 1]
+    assert played == [0, 1, 2, 3]
+    assert all(e.step_start_ns >= start for e in ex.log if e.sequence)
+
+
+def test_wilson_interval_matches_published_values():
+    # Wilson (1927) / Newcombe (1998) table: 0/1, 1/1 and 49/50 (z = 1.96)
+    assert wilson(0, 1) == pytest.approx((0.0, 0.7935), abs=1e-4)
+    assert wilson(1, 1) == pytest.approx((0.2065, 1.0), abs=1e-4)
+    assert wilson(49, 50) == pytest.approx((0.8950, 0.9965), abs=1e-4)
+    assert wilson(0, 0) == (0.0, 1.0)
+
+
+def _rec(key: str, success: bool, **kw) -> dict:
+    suite, task, init = key.split("/")
+    return {"key": key, "suite": suite, "task_id": int(task), "init_index": int(init),
+            "instruction": "x", "status": "ok", "reason": "", "success": success, "steps": 10,
+            "chunks": 1, "rows_executed": 10, "rows_skipped": 0, "idle_steps": 0,
+            "clipped_steps": 0, "clipped_values": 0, "chunk_latency_ms": [0.0], "drops": {},
+            "timing": {"env_step_ms": 300.0, "overhead_ms": 3.0, "sim_steps_per_s": 3.0,
+                       "inference_ms": [50.0]}, **kw}
+
+
+def test_summary_per_task_and_suite_with_interval_and_overhead():
+    recs = [_rec("libero_goal/0/0", True), _rec("libero_goal/0/1", False),
+            _rec("libero_goal/2/0", True)]
+    s = summarize(recs)
+    g = s["suites"]["libero_goal"]
+    assert (g["successes"], g["episodes"], g["published_rate"]) == (2, 3, 0.98)
+    assert g["tasks"]["0"]["success_rate"] == 0.5
+    assert s["loop_overhead_pct_of_step"] == 1.0 and s["sim_steps_per_s"] == 3.0
+
+
+def test_ledger_cuts_a_torn_line_and_refuses_duplicates(tmp_path):
+    led = Ledger(tmp_path, {"suite": "libero_goal"})
+    led.append(_rec("libero_goal/0/0", True))
+    with open(tmp_path / "episodes.jsonl", "a") as f:
+        f.write('{"key": "libero_goal/0/1", "succ')  # killed while writing
+    again = Ledger(tmp_path, {"suite": "libero_goal"})
+    assert again.done() == {"libero_goal/0/0"}
+    assert again.pending(["libero_goal/0/0", "libero_goal/0/1"]) == ["libero_goal/0/1"]
+    again.append(_rec("libero_goal/0/1", False))
+    lines = (tmp_path / "episodes.jsonl").read_text().splitlines()
+    assert [json.loads(ln)["key"] for ln in lines] == ["libero_goal/0/0", "libero_goal/0/1"]
+    with pytest.raises(LedgerError, match="already"):
+        again.append(_rec("libero_goal/0/1", True))
+    with pytest.raises(LedgerError, match="other settings"):
+        Ledger(tmp_path, {"suite": "libero_10"})
+
+
+def test_sim_node_entry_point_and_launch_arguments_are_installed():
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    assert "scripts/libero_sim" in (root / "CMakeLists.txt").read_text()
+    assert (root / "scripts" / "libero_sim").stat().st_mode & 0o111
+    tree = ast.parse((root / "launch" / "libero.launch.py").read_text())
+    declared = {node.args[0].value for node in ast.walk(tree)
+                if isinstance(node, ast.Call) and getattr(node.func, "id", "") ==
+                "DeclareLaunchArgument" and isinstance(node.args[0], ast.Constant)}
+    assert {"suite", "tasks", "episodes", "bundle_root", "variant", "backend", "time_mode",
+            "latency_ms", "max_steps", "out", "policy"} <= declared
