@@ -10,7 +10,15 @@ from pathlib import Path
 import numpy as np
 
 from .bundle.bundle import Bundle, Suffixes
-from .bundle.golden import TRACE_CHECKS, TRACE_INPUTS, ParityRow, compare, load_npz
+from .bundle.comparison import ToleranceTable, precision_of
+from .bundle.golden import (
+    TRACE_CHECKS,
+    TRACE_INPUTS,
+    ParityRow,
+    compare,
+    e2e_limits,
+    load_npz,
+)
 from .bundle.normstats import NormStats
 from .errors import ObservationError, PromptError
 from .host import images as image_ops
@@ -259,6 +267,14 @@ class Policy:
         """Restart a failed runtime (dead or hung HTP workers); raises if it cannot."""
         self.pipeline.restart()
 
+    def precision(self, component: str | None = None) -> str:
+        """The precision parity judges ``component`` at (fp32, fp16 or a suffix such as
+        w4a16); without one, the end to end's: the coarsest of the sessions."""
+        if component is not None:
+            return precision_of(self.backend, self.suffixes.for_component(component))
+        quantised = [s for s in self.suffixes.__dict__.values() if s]
+        return precision_of(self.backend, quantised[0] if quantised else "")
+
     def close(self) -> None:
         self.pipeline.close()
 
@@ -269,8 +285,12 @@ class Policy:
         self.close()
 
 
-def e2e_parity(policy, trace_path: Path, **tolerances) -> list[ParityRow]:
-    """Run the policy from the trace's raw observation and compare every recorded stage."""
+def e2e_parity(policy, trace_path: Path, *, table: ToleranceTable | None = None,
+               **overrides) -> list[ParityRow]:
+    """Run the policy from the trace's raw observation and compare every recorded stage
+    (limits of component ``e2e`` at the policy's precision, ``overrides`` replacing them)."""
+    table = (table or ToleranceTable()).override(**overrides)
+    precision = policy.precision()
     trace = load_npz(trace_path, TRACE_INPUTS + ("chunk",), what="end-to-end parity")
     stage = f"e2e:{Path(trace_path).stem}"
     steps = int(trace["flow_steps"])
@@ -301,5 +321,6 @@ def e2e_parity(policy, trace_path: Path, **tolerances) -> list[ParityRow]:
     rows = []
     for name in TRACE_CHECKS:
         if name in trace:
-            rows.append(compare(stage, name, observed[name], trace[name], **tolerances))
+            rows.append(compare(stage, name, observed[name], trace[name],
+                                limits=e2e_limits(table, precision, name)))
     return rows

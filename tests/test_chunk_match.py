@@ -7,7 +7,15 @@ from pathlib import Path
 
 import numpy as np
 
-from molmoact2_ros.replay.chunk_match import FP16, FP32, LiveCheck, format_summary, match_chunks
+from molmoact2_ros.bundle.comparison import Limits
+from molmoact2_ros.replay.chunk_match import (
+    FP16,
+    FP32,
+    ActionScale,
+    LiveCheck,
+    format_summary,
+    match_chunks,
+)
 
 NAMES = ["x", "y", "z", "roll", "pitch", "yaw", "gripper"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,11 +49,50 @@ def test_one_bad_value_names_chunk_action_and_dimension():
 
 
 def test_fp16_noise_passes_fp16_but_not_fp32():
+    """Noise of the size measured between fake-HTP fp16 and ONNX (median 2e-4, max 3e-3
+    normalised) passes the fp16 default and fails the float32 one."""
     g = _golden()
     rng = np.random.default_rng(1)
-    run = {k: v + rng.normal(0, 2e-3, v.shape).astype(np.float32) for k, v in g.items()}
+    run = {k: v + rng.normal(0, 4e-4, v.shape).astype(np.float32) for k, v in g.items()}
     assert match_chunks(run, g, FP16).ok
     assert not match_chunks(run, g, FP32).ok
+
+
+def test_scale_and_shift_errors_fail_on_the_within_criterion():
+    """A run 1.05 times the golden has cosine 1 and must still fail: the within fraction
+    names it; so does a run shifted by 0.01 (cosine 0.9998)."""
+    g = _golden()
+    scaled = {k: v * np.float32(1.05) for k, v in g.items()}
+    shifted = {k: v + np.float32(0.01) for k, v in g.items()}
+    for run in (scaled, shifted):
+        for tol in (FP32, FP16):
+            s = match_chunks(run, g, tol)
+            assert not s.ok and s.passed == 0, tol
+            assert all("within " in c.failed for c in s.chunks)
+            text = format_summary(s, NAMES)
+            assert "within 4 of 4" in text and "failed criterion of the worst chunk:" in text
+    s = match_chunks(scaled, g, FP32)
+    assert all(c.cosine > 0.999999 and c.failed.startswith("within ") for c in s.chunks)
+
+
+def test_per_dimension_limits_in_normalised_units():
+    """An error of 0.02 action units on a dimension whose range is 0.2 wide is 0.2
+    normalised: it fails there, while the same error on a 20-wide dimension passes."""
+    g = _golden(1)
+    (stamp, want), = g.items()
+    scale = ActionScale(offset=(0.0,) * 7, scale=(0.1,) + (10.0,) * 6)
+    tol = Limits(min_cosine=0.9, atol=(0.01,) * 7, rtol=0.0, min_within=1.0)
+    on_wide = want.copy()
+    on_wide[:, 1] += 0.02
+    assert match_chunks({stamp: on_wide}, g, tol, scale=scale).ok
+    on_narrow = want.copy()
+    on_narrow[:, 0] += 0.02
+    s = match_chunks({stamp: on_narrow}, g, tol, scale=scale)
+    assert not s.ok and s.worst.worst_dim == 0 and np.isclose(s.worst.max_abs, 0.2, atol=1e-5)
+    assert "max-abs 0.2 normalised at action" in format_summary(s, NAMES)
+    wrong_width = Limits(min_cosine=0.9, atol=(0.01,) * 6, rtol=0.0, min_within=1.0)
+    bad = match_chunks({stamp: want}, g, wrong_width)
+    assert not bad.ok and "per-dimension atol" in bad.chunks[0].failed
 
 
 def test_missing_extra_and_min_produced():

@@ -62,7 +62,8 @@ def _chunk(pipe: ResidentPipeline, steps: int = 3) -> np.ndarray:
 
 
 def _parity_ok(pipe: ResidentPipeline, root: Path) -> None:
-    rows = component_parity(root / "grid_sampler" / "golden", pipe.run_component, pipe.contracts)
+    rows = component_parity(root / "grid_sampler" / "golden", pipe.run_component, pipe.contracts,
+                            precision="fp16")  # the HTP's fp16 I/O, judged as parity does
     assert rows and all(r.passed for r in rows), [r for r in rows if not r.passed]
 
 

@@ -28,7 +28,7 @@ def test_onnx_golden_passes_on_the_htp_worker_code(tiny_root, tmp_path, monkeypa
                             "--golden", golden, "--no-progress"], capsys)
     assert rc == 0, out + err
     assert "compared 3 of 3 golden chunks: 3 passed, 0 failed, 0 missing, 0 extra" in out
-    assert "cosine >= 0.999," in out  # the fp16 tolerances are the htp default
+    assert "cosine >= 0.999 and >= 95% within [0.0041," in out  # the htp default (fp16)
     assert "htp (qai_appbuilder: test fake)" in out  # the summary says what ran
     assert "settings differ" not in out  # the backend is not a compared setting
     assert Snapshot.take().leaks_since(before) == []
@@ -64,3 +64,27 @@ def test_noise_is_the_same_on_both_backends(tiny_root, monkeypatch):
         np.testing.assert_array_equal(seen["onnx"][i], want)
         np.testing.assert_array_equal(seen["htp"][i], want)
     assert not np.array_equal(seen["onnx"][0], seen["onnx"][1])  # 1 ns apart: other noise
+
+
+def test_fp16_default_fails_nine_flow_steps_and_swapped_cameras_chunk_by_chunk(
+        tiny_root, tmp_path, monkeypatch, capsys):
+    """The calibrated fp16 limits: the HTP run with the golden's settings passes (test above),
+    the same run with 9 flow steps instead of 10, or with the cameras swapped, fails every
+    chunk and names the within criterion."""
+    ensure_contexts(tiny_root)
+    fake_env(monkeypatch)
+    tr = trace(tiny_root, "grid_sampler")
+    bag = obs_bag(tmp_path / "obs", tr, 4)
+    swapped = obs_bag(tmp_path / "swapped", tr, 4, swap=True)
+    golden = tmp_path / "golden"
+    rc, out, err = run_cli(["replay", bag, "--bundle-root", tiny_root, "--variant",
+                            "grid_sampler", "--instruction", str(tr["instruction"]), "--seed",
+                            "7", "--flow-steps", "10", "--record", golden, "--no-progress"],
+                           capsys)
+    assert rc == 0, out + err
+    for extra, obs in ((["--flow-steps", "9"], bag), ([], swapped)):
+        rc, out, err = run_cli(["replay", obs, "--bundle-root", tiny_root, "--backend", "htp",
+                                "--golden", golden, "--no-progress", *extra], capsys)
+        assert rc == 1, out + err
+        assert "compared 4 of 4 golden chunks: 0 passed, 4 failed" in out, out
+        assert "within 4 of 4" in out.split("chunks failing each criterion: ")[1], out

@@ -1,8 +1,9 @@
 """Golden files and parity: per-component I/O replay and the end-to-end trace.
 
-Metrics per tensor: cosine similarity, max-abs error and the fraction within
-``|a − b| <= atol + rtol·|b|``. A row passes when cosine >= ``min_cosine`` (and, for integer
-tensors such as input ids, when they are equal).
+Every row is judged by ``comparison.measure``: it passes only when its cosine similarity AND
+the fraction of elements within ``|a − b| <= atol + rtol·|golden|`` reach the limits of its
+component and precision (integer tensors such as input ids must be equal). A failing row
+names the criterion it failed.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import GoldenError
+from .comparison import E2E, FP32, Limits, ToleranceTable, measure
 from .variants import COMPONENTS
 
-DEFAULT_MIN_COSINE = 0.9999
-DEFAULT_ATOL = 1e-3
-DEFAULT_RTOL = 1e-2
+DEFAULT_MIN_COSINE = FP32.min_cosine
+DEFAULT_ATOL = FP32.atol
+DEFAULT_RTOL = FP32.rtol
 TRACE_FILES = ("e2e_trace.npz", "e2e_trace_alt.npz")
 
 Runner = Callable[[str, Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
@@ -48,7 +50,7 @@ def load_npz(path: Path, required: Iterable[str] = (), *, what: str = "") -> dic
 
 @dataclass(frozen=True)
 class ParityRow:
-    """One compared tensor."""
+    """One compared tensor; ``failed`` names the criteria it failed ("" when it passed)."""
 
     stage: str
     tensor: str
@@ -58,6 +60,8 @@ class ParityRow:
     within_tol: float
     passed: bool
     note: str = ""
+    failed: str = ""
+    limits: Limits | None = None
 
 
 def compare(
@@ -66,34 +70,22 @@ def compare(
     got: np.ndarray,
     want: np.ndarray,
     *,
-    min_cosine: float = DEFAULT_MIN_COSINE,
-    atol: float = DEFAULT_ATOL,
-    rtol: float = DEFAULT_RTOL,
+    limits: Limits | None = None,
+    min_cosine: float | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    min_within: float | None = None,
 ) -> ParityRow:
-    """Compare two arrays; a shape mismatch is a failing row, not an exception."""
-    got = np.asarray(got)
+    """Compare two arrays under ``limits`` (default: float32 parity), single limits replaced
+    by the keyword arguments; a shape mismatch is a failing row, not an exception."""
+    base = limits or FP32
+    given = {"min_cosine": min_cosine, "atol": atol, "rtol": rtol, "min_within": min_within}
+    lim = Limits(**{k: getattr(base, k) if v is None else v for k, v in given.items()})
+    m = measure(got, want, lim)
     want = np.asarray(want)
-    if got.size != want.size:
-        return ParityRow(stage, tensor, tuple(want.shape), float("nan"), float("inf"), 0.0,
-                         False, f"shape {list(got.shape)} vs golden {list(want.shape)}")
-    exact = np.issubdtype(want.dtype, np.integer) or want.dtype == bool
-    a = got.reshape(-1).astype(np.float64)
-    b = want.reshape(-1).astype(np.float64)
-    if not np.all(np.isfinite(a)):
-        return ParityRow(stage, tensor, tuple(want.shape), float("nan"), float("inf"), 0.0,
-                         False, "output has NaN/inf")
-    diff = np.abs(a - b)
-    max_abs = float(diff.max()) if diff.size else 0.0
-    within = float(np.mean(diff <= atol + rtol * np.abs(b))) if diff.size else 1.0
-    na, nb = np.linalg.norm(a), np.linalg.norm(b)
-    if na == 0.0 and nb == 0.0:
-        cos = 1.0
-    elif na == 0.0 or nb == 0.0:
-        cos = 0.0
-    else:
-        cos = float(np.dot(a, b) / (na * nb))
-    passed = max_abs == 0.0 if exact else cos >= min_cosine
-    return ParityRow(stage, tensor, tuple(want.shape), cos, max_abs, within, passed)
+    note = m.reason if m.failed and not np.isfinite(m.cosine) else ""
+    return ParityRow(stage, tensor, tuple(want.shape), m.cosine, m.max_abs, m.within,
+                     m.passed, note, m.reason, lim)
 
 
 def component_parity(
@@ -102,9 +94,13 @@ def component_parity(
     contracts: Mapping,
     *,
     components: Iterable[str] = COMPONENTS,
-    **tolerances,
+    table: ToleranceTable | None = None,
+    precision: Callable[[str], str] | str = "fp32",
+    **overrides,
 ) -> list[ParityRow]:
-    """Feed each session its golden inputs and compare every golden output."""
+    """Feed each session its golden inputs and compare every golden output under the limits
+    of its component and precision (``precision``: one for all, or per component)."""
+    table = (table or ToleranceTable()).override(**overrides)
     rows = []
     for component in components:
         contract = contracts[component]
@@ -116,13 +112,21 @@ def component_parity(
             what=f"{component} parity",
         )
         outputs = run(component, {k: data[k] for k in names_in})
+        prec = precision if isinstance(precision, str) else precision(component)
         for name in names_out:
             if name not in outputs:
                 rows.append(ParityRow(component, name, tuple(data[name].shape), float("nan"),
-                                      float("inf"), 0.0, False, "session returned no such output"))
+                                      float("inf"), 0.0, False, "session returned no such output",
+                                      "session returned no such output"))
                 continue
-            rows.append(compare(component, name, outputs[name], data[name], **tolerances))
+            rows.append(compare(component, name, outputs[name], data[name],
+                                limits=table.limits(component, prec, name)))
     return rows
+
+
+def e2e_limits(table: ToleranceTable | None, precision: str, tensor: str) -> Limits:
+    """Limits of one end-to-end trace row (component ``e2e``)."""
+    return (table or ToleranceTable()).limits(E2E, precision, tensor)
 
 
 TRACE_INPUTS = ("image_primary", "image_wrist", "state", "instruction", "flow_steps", "noise")
@@ -146,7 +150,7 @@ def format_table(rows: Iterable[ParityRow]) -> str:
     for r in rows:
         shape = "x".join(str(d) for d in r.shape)
         verdict = "PASS" if r.passed else "FAIL"
-        note = f"  {r.note}" if r.note else ""
+        note = f"  {r.failed or r.note}" if (r.failed or r.note) else ""
         lines.append(
             f"{r.stage:<26} {r.tensor:<24} {shape:<22} {r.cosine:>10.6f} {r.max_abs:>10.3g} "
             f"{r.within_tol:>7.3f}  {verdict}{note}"

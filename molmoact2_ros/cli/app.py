@@ -18,15 +18,15 @@ from .args import HelpFormatter, Parser
 
 #: Modules with a ``register(subparsers)`` function, each adding its command(s).
 COMMAND_MODULES = ("demo", "parity", "conventions", "tiny_bundle", "export_host",
-                   "bench", "doctor", "replay", "device_report", "libero")
+                   "bench", "doctor", "replay", "device_report", "libero", "compare")
 #: How ``molmoact2 --help`` groups the commands (any other registered command goes last).
 GROUPS = {
     "run": ("demo", "replay", "bench", "libero"),
-    "check": ("parity", "conventions", "doctor", "device-report"),
+    "check": ("parity", "compare", "conventions", "doctor", "device-report"),
     "bundle tools": ("tiny-bundle", "export-host", "trace-to-bag"),
 }
 EPILOG = f"""\
-exit status: 0 ok; 1 a check failed (parity, conventions, doctor, replay --golden) or an
+exit status: 0 ok; 1 a check failed (parity, conventions, doctor, replay --golden, compare) or an
 unexpected error; 2 bad input (arguments, missing files, a missing optional dependency).
 
 HTP path off the board: --appbuilder fake (or {APPBUILDER_ENV}=fake) makes the HTP workers

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..bundle.comparison import PARITY_DEFAULTS, ToleranceTable, load_tolerances, precision_of
 from ..bundle.variants import (
     ACTION_CONTEXT,
     ACTION_STEP,
@@ -42,12 +43,9 @@ from ..errors import BundleError, WorkerFailed
 PASS, FAIL, NOT_RUN = "PASS", "FAIL", "not run"
 MIN_CHUNKS = 20
 STEPS = ("load", "component_parity", "seed_e2e", "e2e_parity", "latency")
-#: Minimum cosine per component for golden parity, fp16 contexts and quantised ones. One table
-#: in one place until the golden checks carry per-component tolerances of their own.
-PARITY_LIMITS = {
-    "fp16": dict.fromkeys(COMPONENTS, 0.9999),
-    "quantized": {**dict.fromkeys(COMPONENTS, 0.999), ACTION_CONTEXT: 0.9999},
-}
+#: Parity limits per precision (``bundle/comparison.py``, the one comparison every check uses;
+#: a bundle's ``golden/tolerances.json`` refines them per component).
+PARITY_LIMITS = {p: lim.to_json() for p, lim in PARITY_DEFAULTS.items()}
 #: The seed's end-to-end check passes when our final-action cosine is within this of the one
 #: the reference runtime recorded in trace.json (or reaches the limit below without one).
 FINAL_ACTION_MARGIN = 1e-3
@@ -55,9 +53,9 @@ FINAL_ACTION_MIN_COSINE = 0.999
 SEED_TRACE, SEED_BOUNDARY = "trace.json", "step0_boundary.npz"
 
 
-def parity_limit(component: str, suffix: str) -> float:
+def parity_limit(component: str, suffix: str, table: ToleranceTable | None = None) -> float:
     """The minimum cosine of ``component``'s golden parity with context suffix ``suffix``."""
-    return PARITY_LIMITS["quantized" if suffix else "fp16"][component]
+    return (table or ToleranceTable()).limits(component, precision_of("htp", suffix)).min_cosine
 #: glibc the qai-appbuilder 2.51.40 aarch64 wheels need: cp310 is tagged manylinux_2_35 (Ubuntu
 #: 22.04 / Humble), cp311-cp313 manylinux_2_39 (Ubuntu 24.04 / Jazzy)
 WHEEL_GLIBC = {(3, 10): (2, 35)}
@@ -126,7 +124,7 @@ def run_replay_check(root: Path, bag: Path, golden_path: Path, probe: dict) -> d
     from ..bundle.bundle import bundle_parameters
     from ..control.params import Settings, validate_changes
     from ..replay.chunk_match import default_tolerance, match_chunks
-    from ..replay.chunkbag import COMPARED_SETTINGS, read_chunk_bag
+    from ..replay.chunkbag import COMPARED_SETTINGS, action_scale, read_chunk_bag
     from ..replay.replay import replay
 
     golden = read_chunk_bag(golden_path)
@@ -137,7 +135,8 @@ def run_replay_check(root: Path, bag: Path, golden_path: Path, probe: dict) -> d
         raise BundleError(f"golden {golden_path}: {reason}")
     result = replay(bag, Settings().with_changes(changes))
     produced = {p.chunk.observation_stamp_ns: p.actions for p in result.published}
-    summary = match_chunks(produced, golden.chunks, default_tolerance("htp"))
+    summary = match_chunks(produced, golden.chunks, default_tolerance("htp"),
+                           scale=action_scale(golden.settings, changes.get("variant"), root))
     return {"status": PASS if summary.ok else FAIL, "bag": str(bag), "golden": str(golden_path),
             "variant": changes.get("variant"), "drops": dict(result.drops),
             "summary": summary.to_json()}
@@ -189,7 +188,8 @@ def _stats(values: list[float]) -> dict:
 def _rows(rows) -> list[dict]:
     return [{"stage": r.stage, "tensor": r.tensor, "shape": list(r.shape), "cosine": r.cosine,
              "max_abs": r.max_abs, "within_tol": r.within_tol, "passed": r.passed,
-             "note": r.note}
+             "note": r.note, "failed": r.failed,
+             "limits": r.limits.to_json() if r.limits is not None else None}
             for r in rows]
 
 
@@ -393,13 +393,16 @@ def _component_parity(pipeline, folder: Path, suffixes) -> dict:
     golden = [c for c in COMPONENTS if (folder / "golden" / f"{c}_io.npz").is_file()]
     if not golden:
         return {"status": NOT_RUN, "why": "no golden/<component>_io.npz in the bundle"}
-    rows, limits, errors = [], {}, {}
+    table = load_tolerances(folder / "golden")
+    rows, limits, rules, errors = [], {}, {}, {}
     for component in golden:
-        limits[component] = limit = parity_limit(component, suffixes.for_component(component))
+        precision = precision_of("htp", suffixes.for_component(component))
+        limits[component] = parity_limit(component, suffixes.for_component(component), table)
+        rules[component] = table.limits(component, precision).describe()
         try:
             rows += component_parity(folder / "golden", pipeline.run_component,
-                                     pipeline.contracts, components=[component],
-                                     min_cosine=limit)
+                                     pipeline.contracts, components=[component], table=table,
+                                     precision=precision)
         except Exception as exc:
             errors[component] = _error(exc)
             rows.append(ParityRow(component, "(all)", (), float("nan"), float("inf"), 0.0,
@@ -407,7 +410,7 @@ def _component_parity(pipeline, folder: Path, suffixes) -> dict:
             if isinstance(exc, WorkerFailed):
                 pipeline.restart()
     return {"status": PASS if all(r.passed for r in rows) else FAIL, "rows": _rows(rows),
-            "limits": limits, "errors": errors}
+            "limits": limits, "rules": rules, "errors": errors}
 
 
 def _trace_parity(bundle, pipeline, suffixes) -> dict:
@@ -418,11 +421,11 @@ def _trace_parity(bundle, pipeline, suffixes) -> dict:
     if not traces:
         return {"status": NOT_RUN, "why": "no golden/e2e_trace*.npz"}
     policy = Policy(bundle, pipeline, backend="htp", suffixes=suffixes)
-    limit = min(parity_limit(c, suffixes.for_component(c)) for c in COMPONENTS)
+    table = load_tolerances(bundle.root / "golden")
     rows = [r for t in traces
-            for r in e2e_parity(policy, bundle.root / "golden" / t, min_cosine=limit)]
+            for r in e2e_parity(policy, bundle.root / "golden" / t, table=table)]
     return {"status": PASS if all(r.passed for r in rows) else FAIL, "rows": _rows(rows),
-            "limit": limit}
+            "limit": table.limits("e2e", policy.precision()).describe()}
 
 
 def _latency(pipeline, variant, chunks: int) -> dict:
@@ -670,8 +673,9 @@ def _section_markdown(s: dict) -> list[str]:
                      f"/{len(rows)} rows, min cosine {_fmt(worst['cosine'], '.6f')} "
                      f"({worst['stage']} {worst['tensor']}); limits "
                      + ", ".join(f"{c} {v}" for c, v in part["limits"].items()))
-        lines += [f"  - FAIL {r['stage']} {r['tensor']} cosine {_fmt(r['cosine'], '.6f')}"
-                  + (f" ({r['note']})" if r.get("note") else "") for r in rows if not r["passed"]]
+        lines += [f"  - FAIL {r['stage']} {r['tensor']}: {r.get('failed') or r.get('note')} "
+                  f"(cosine {_fmt(r['cosine'], '.6f')}, within {r['within_tol']:.1%})"
+                  for r in rows if not r["passed"]]
     else:
         lines.append(_step_line("component parity", part))
     seed = s["seed_e2e"]
@@ -688,7 +692,8 @@ def _section_markdown(s: dict) -> list[str]:
         rows = part["rows"]
         lines.append(f"- end-to-end trace parity: **{part['status']}**, "
                      f"{sum(r['passed'] for r in rows)}/{len(rows)} rows")
-        lines += [f"  - FAIL {r['stage']} {r['tensor']} cosine {_fmt(r['cosine'], '.6f')}"
+        lines += [f"  - FAIL {r['stage']} {r['tensor']}: {r.get('failed') or r.get('note')} "
+                  f"(cosine {_fmt(r['cosine'], '.6f')}, within {r['within_tol']:.1%})"
                   for r in rows if not r["passed"]]
     else:
         lines.append(_step_line("end-to-end trace parity", part))

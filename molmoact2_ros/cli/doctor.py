@@ -246,6 +246,7 @@ def _describe(infos) -> str:
 
 def check_pipeline(bundle, suffixes, timeout_s: float, repeats: int) -> Iterator[Check]:
     """Load every context in spawned workers, check contracts, parity and latency."""
+    from ..bundle.comparison import load_tolerances, precision_of
     from ..bundle.golden import component_parity
     from ..runtime.htp_backend import ResidentPipeline
 
@@ -265,12 +266,14 @@ def check_pipeline(bundle, suffixes, timeout_s: float, repeats: int) -> Iterator
         yield Check("contracts", PASS, f"seven sessions chain ({dict(pipeline.geometry.dims)})")
         golden = [c for c in COMPONENTS if bundle.golden_path(f"{c}_io.npz").is_file()]
         if golden:
-            rows = component_parity(bundle.root / "golden", pipeline.run_component,
-                                    pipeline.contracts, components=golden)
+            rows = component_parity(
+                bundle.root / "golden", pipeline.run_component, pipeline.contracts,
+                components=golden, table=load_tolerances(bundle.root / "golden"),
+                precision=lambda c: precision_of("htp", suffixes.for_component(c)))
             bad = [r for r in rows if not r.passed]
             worst = min(r.cosine for r in rows)
             if bad:
-                listed = ", ".join(f"{r.stage}.{r.tensor} cos {r.cosine:.5f}" for r in bad)
+                listed = ", ".join(f"{r.stage}.{r.tensor} ({r.failed})" for r in bad)
                 yield Check("golden parity", FAIL, f"{len(bad)}/{len(rows)} rows fail: {listed}",
                             "the contexts do not compute what the goldens recorded: wrong "
                             "suffix or conventions, or a bad compile")

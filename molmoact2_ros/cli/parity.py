@@ -13,6 +13,7 @@ from ..util.progress import progress
 
 def cmd_parity(args: argparse.Namespace) -> int:
     from ..bundle.bundle import Suffixes
+    from ..bundle.comparison import load_tolerances
     from ..bundle.golden import TRACE_FILES, component_parity, format_table
     from ..policy import Policy, e2e_parity
 
@@ -22,7 +23,8 @@ def cmd_parity(args: argparse.Namespace) -> int:
     suffixes = Suffixes.from_mapping(suffixes_from_env(args.suffix))
     for name, path in resolve_bundles(Path(args.bundle), args.variant):
         names.append(name)
-        tol = {"min_cosine": args.min_cosine}
+        table = load_tolerances(path / "golden").override(min_cosine=args.min_cosine,
+                                                           min_within=args.min_within)
         traces = [t for t in TRACE_FILES if (path / "golden" / t).is_file()]
         rows = []
         with Policy.load(path, name, backend=args.backend, suffixes=suffixes) as policy:
@@ -31,24 +33,29 @@ def cmd_parity(args: argparse.Namespace) -> int:
             for stage in progress([*COMPONENTS, *traces], f"parity {name}"):
                 if stage in COMPONENTS:
                     rows += component_parity(path / "golden", policy.pipeline.run_component,
-                                             contracts, components=[stage], **tol)
+                                             contracts, components=[stage], table=table,
+                                             precision=policy.precision)
                 else:
-                    rows += e2e_parity(policy, path / "golden" / stage, **tol)
+                    rows += e2e_parity(policy, path / "golden" / stage, table=table)
         print(f"== {name} ({describe(args.backend)}) {path}")
         print(format_table(rows))
         failed = [r for r in rows if not r.passed]
+        if table.source:
+            print(f"limits from {table.source} ({len(table.rows)} rows), else the defaults")
+        for r in failed:
+            print(f"FAIL {r.stage} {r.tensor}: {r.failed or r.note}")
         print(f"{len(rows) - len(failed)}/{len(rows)} rows pass")
         total += len(rows)
         failed_rows += len(failed)
     verdict = "PASS" if not failed_rows else "FAIL"
     print(f"parity: {verdict}: {total - failed_rows}/{total} rows pass for {', '.join(names)} "
-          f"on {describe(args.backend)}, min cosine {args.min_cosine}")
+          f"on {describe(args.backend)} (a row needs cosine and the fraction within "
+          "atol + rtol*|golden| at its component's limits)")
     return 0 if not failed_rows else 1
 
 
 def register(subparsers) -> None:
     """Add ``molmoact2 parity`` to the CLI."""
-    from ..bundle.golden import DEFAULT_MIN_COSINE
     from .args import add_backend_arg, add_bundle_args, example, float_in, parse_suffix
 
     p = subparsers.add_parser(
@@ -62,8 +69,12 @@ def register(subparsers) -> None:
     add_bundle_args(p)
     add_backend_arg(p)
     p.add_argument("--min-cosine", type=float_in(0.0, 1.0, low_open=True),
-                   default=DEFAULT_MIN_COSINE,
-                   help="cosine similarity a row needs to pass, in (0, 1]")
+                   help="cosine similarity every row needs, in (0, 1] (default: per component "
+                   "and precision: fp32 and fp16 0.9999, w4a16 0.999, or "
+                   "golden/tolerances.json)")
+    p.add_argument("--min-within", type=float_in(0.0, 1.0, low_open=True),
+                   help="fraction of elements within atol + rtol*|golden| every row needs "
+                   "(default: fp32 1.0, fp16 0.99, w4a16 0.95, or golden/tolerances.json)")
     p.add_argument("--suffix", type=parse_suffix, action="append", metavar="GROUP=SUFFIX",
                    help="context suffix per group, repeatable (vision, llm, action: action_step "
                    "only; e.g. llm=_w4a16); default: fp16 everywhere, or the reference "

@@ -111,6 +111,8 @@ def run_changes(args: argparse.Namespace, golden_settings: dict) -> tuple[dict, 
         raise MolmoActError("no instruction: pass --instruction 'put the bowl on the plate' "
                             "(or --golden with a recorded run)")
     run = {**changes}
+    for key in ("flip_images.primary", "flip_images.wrist"):  # the node's default unless set
+        run.setdefault(key, "none")
     if "flow_steps" in golden_settings and not run.get("flow_steps"):
         from ..bundle.variants import get_variant
 
@@ -179,8 +181,14 @@ def _replay_one(args: argparse.Namespace) -> int:
     from ..control.controller import load_policy
     from ..control.params import Settings, validate_changes
     from ..replay.bagio import prepare_output
-    from ..replay.chunk_match import Tolerance, default_tolerance, format_summary, match_chunks
-    from ..replay.chunkbag import ChunkBagWriter, run_info
+    from ..replay.chunk_match import format_summary, match_chunks
+    from ..replay.chunkbag import (
+        ChunkBagWriter,
+        action_scale,
+        noise_stream_problem,
+        run_info,
+        scale_of,
+    )
     from ..replay.replay import replay
 
     check_outputs(args)  # before reading anything: outputs never replace inputs
@@ -196,11 +204,12 @@ def _replay_one(args: argparse.Namespace) -> int:
     if not ok:
         raise MolmoActError(reason)
     settings = Settings().with_changes(changes)
-    base = default_tolerance(args.backend)
-    tol = Tolerance(*(base.__dict__[k] if getattr(args, k) is None else getattr(args, k)
-                      for k in ("min_cosine", "atol", "rtol", "min_within")))
+    tol = tolerance_from_args(args, args.backend)
     if differences:
         print("settings differ from the golden's: " + "; ".join(differences))
+    noise = noise_stream_problem(golden_settings) if trace is None else ""
+    if noise:
+        print(noise)
 
     factory = load_policy
     if trace is not None:
@@ -218,9 +227,11 @@ def _replay_one(args: argparse.Namespace) -> int:
         if args.record:
             prepare_output(Path(args.record), force=True, what="--record bag")
             steps = getattr(controller.policy, "flow_steps", settings.flow_steps())
+            norm = getattr(getattr(controller.policy, "norm_stats", None), "action", None)
             state["writer"] = ChunkBagWriter(
                 Path(args.record), run_info(settings, flow_steps=steps,
-                                            source_bag=Path(args.bag).name),
+                                            source_bag=Path(args.bag).name,
+                                            scale=scale_of(norm) if norm is not None else None),
                 mcap=args.storage == "mcap", version=args.bag_version)
 
     def on_published(out, log_ns: int) -> None:
@@ -255,14 +266,17 @@ def _replay_one(args: argparse.Namespace) -> int:
             names = list(settings["action_names"])
         else:
             chunks, names = golden.chunks, golden.action_names or list(settings["action_names"])
-        summary = match_chunks(produced, chunks, tol, min_produced=args.min_produced)
+        scale = action_scale(golden_settings, settings["variant"], args.bundle_root)
+        summary = match_chunks(produced, chunks, tol, min_produced=args.min_produced,
+                               scale=scale)
         print(format_summary(summary, names))
     if args.report:
-        from ..replay.report import write_report
+        from ..replay.report import report_from_replay
 
-        files = write_report(Path(args.report), result, settings, summary,
-                             golden=None if golden is None or trace is not None else golden,
-                             differences=differences)
+        files = report_from_replay(Path(args.report), result, settings, summary,
+                                   golden=None if golden is None or trace is not None
+                                   else golden, differences=differences,
+                                   noise_problem=noise)
         print(f"report: {', '.join(str(f) for f in files)}")
     if state["writer"] is not None:
         print(f"chunk bag: {args.record} ({state['writer'].count} chunks)")
@@ -273,6 +287,41 @@ def _replay_one(args: argparse.Namespace) -> int:
     if summary is not None:
         return 0 if summary.ok else 1
     return 0
+
+
+def parse_atol(text: str):
+    """``--atol``: one value, or one per action dimension separated by commas."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number or comma-separated numbers "
+                                         "(one per action dimension)") from None
+    if not values or any(not np.isfinite(v) or v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: tolerances are finite and >= 0")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def tolerance_from_args(args: argparse.Namespace, backend: str):
+    """The calibrated default of ``backend`` with the limits given on the command line."""
+    from ..bundle.comparison import Limits
+    from ..replay.chunk_match import default_tolerance
+
+    base = default_tolerance(backend)
+    return Limits(*(getattr(base, k) if getattr(args, k, None) is None else getattr(args, k)
+                    for k in ("min_cosine", "atol", "rtol", "min_within")))
+
+
+def add_tolerance_args(p) -> None:
+    """The chunk limits ``replay --golden`` and ``compare`` share (normalised action units)."""
+    p.add_argument("--min-cosine", type=float_in(-1.0, 1.0),
+                   help="per chunk (default 0.9999, htp 0.999)")
+    p.add_argument("--atol", type=parse_atol,
+                   help="normalised units, one value or one per action dimension "
+                   "(default 1e-3; htp: twice the measured fp16 spread per dimension, "
+                   "docs/host_glue.md §13)")
+    p.add_argument("--rtol", type=float_in(0.0, 1e9), help="times |golden| (default 0)")
+    p.add_argument("--min-within", type=float_in(0.0, 1.0),
+                   help="fraction within atol + rtol*|golden| per chunk (default 1.0, htp 0.95)")
 
 
 def cmd_trace_to_bag(args: argparse.Namespace) -> int:
@@ -341,12 +390,7 @@ def register(sub) -> None:
                    help="8: read by Humble and Jazzy (default); 9: Jazzy only")
     p.add_argument("--golden", help="chunk bag from --record (or a trace npz) to match "
                    "every chunk against, by observation stamp")
-    p.add_argument("--min-cosine", type=float_in(-1.0, 1.0),
-                   help="per chunk (default 0.9999, htp 0.999)")
-    p.add_argument("--atol", type=float_in(0.0, 1e9), help="default 1e-3 (htp 2e-2)")
-    p.add_argument("--rtol", type=float_in(0.0, 1e9), help="default 1e-2 (htp 5e-2)")
-    p.add_argument("--min-within", type=float_in(0.0, 1.0),
-                   help="fraction within tolerance per chunk (default 1.0, htp 0.95)")
+    add_tolerance_args(p)
     p.add_argument("--min-produced", type=float_in(0.0, 1.0), default=1.0,
                    help="fraction of golden chunks the run must produce")
     p.add_argument("--golden-dir", metavar="DIR", help="check each BAG against DIR/NAME, the "

@@ -104,10 +104,10 @@ def check_bag(worker: Worker, item: BagItem) -> dict[str, Any]:
 def _check(worker: Worker, item: BagItem, start: float) -> dict[str, Any]:
     from ..control.params import Settings, validate_changes
     from ..replay.bagio import check_output
-    from ..replay.chunk_match import Tolerance, default_tolerance, match_chunks
-    from ..replay.chunkbag import ChunkBagWriter, run_info
+    from ..replay.chunk_match import match_chunks
+    from ..replay.chunkbag import ChunkBagWriter, action_scale, run_info, scale_of
     from ..replay.replay import replay
-    from .replay import load_golden, run_changes
+    from .replay import load_golden, run_changes, tolerance_from_args
 
     args = argparse.Namespace(**worker.options, bag=item.bag, golden=item.golden or None,
                               record=item.record or None)
@@ -126,9 +126,7 @@ def _check(worker: Worker, item: BagItem, start: float) -> dict[str, Any]:
     if not ok:
         raise MolmoActError(reason)
     settings = Settings().with_changes(changes)
-    base = default_tolerance(args.backend)
-    tol = Tolerance(*(base.__dict__[k] if args.__dict__[k] is None else args.__dict__[k]
-                      for k in ("min_cosine", "atol", "rtol", "min_within")))
+    tol = tolerance_from_args(args, args.backend)
     noise = np.asarray(trace["noise"], np.float32) if trace is not None else None
     partial = Path(item.record + PARTIAL) if item.record else None
     if partial is not None:  # a killed attempt's leftovers; the golden appears only when done
@@ -139,8 +137,10 @@ def _check(worker: Worker, item: BagItem, start: float) -> dict[str, Any]:
     def on_active(controller, bag_topics) -> None:
         if partial is not None:
             steps = getattr(controller.policy, "flow_steps", settings.flow_steps())
+            norm = getattr(getattr(controller.policy, "norm_stats", None), "action", None)
             writer["w"] = ChunkBagWriter(
-                partial, run_info(settings, flow_steps=steps, source_bag=Path(item.bag).name),
+                partial, run_info(settings, flow_steps=steps, source_bag=Path(item.bag).name,
+                                  scale=scale_of(norm) if norm is not None else None),
                 mcap=args.storage == "mcap", version=args.bag_version)
 
     try:
@@ -165,7 +165,9 @@ def _check(worker: Worker, item: BagItem, start: float) -> dict[str, Any]:
             chunks = {stamp: np.asarray(trace["chunk"], np.float32) for stamp in produced}
         else:
             chunks, names = golden.chunks, golden.action_names or names
-        summary = match_chunks(produced, chunks, tol, min_produced=args.min_produced)
+        summary = match_chunks(produced, chunks, tol, min_produced=args.min_produced,
+                               scale=action_scale(golden_settings, settings["variant"],
+                                                  args.bundle_root))
     steps = result.published[0].chunk.flow_steps if result.published else settings.flow_steps()
     shown = {"variant": settings["variant"], "backend": settings["backend"],
              "instruction": settings["instruction"], "seed": settings["seed"],

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import MolmoActError
+from ..host.images import mount_images
 from ..policy import Observation
 from .chunk_io import (  # noqa: F401  (re-exported: node.py and replay.py import them here)
     PolicyFactory,
@@ -403,6 +404,9 @@ class Controller(SettingsControl):
             settings = self.settings
             action_type = resolve_action_type(settings["execution.action_type"], self.policy)
             try:
+                # flip_images.* apply to the next chunk: read here, like every live setting
+                obs = Observation(mount_images(obs.images, settings.mounts()), obs.state,
+                                  obs.instruction, obs.stamp_ns)
                 guidance = self._guidance(settings, stamp_ns, received)
                 if guidance is None:
                     chunk = self.policy.predict(obs)

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..bundle.variants import SUFFIX_GROUPS, VARIANTS
 from ..host.flow import INPAINT_METHODS
+from ..host.images import MOUNT_ROTATIONS
 from .execution import ACTION_TYPES, BLENDS, RAMPS, SCHEDULES, START_MODES
 
 #: How a change applies: ``live`` on the next chunk, ``reload`` by a background session swap,
@@ -137,7 +138,12 @@ PARAMS: tuple[ParamSpec, ...] = (
     _p("topics.image_wrist", "camera/wrist/image", "wrist camera topic", CONFIGURE),
     _p("topics.joint_states", "joint_states", "sensor_msgs/JointState topic", CONFIGURE),
     _p("compressed_images", False, "subscribe to sensor_msgs/CompressedImage instead", CONFIGURE),
-    _p("flip_images", False, "rotate images 180 degrees (raw LIBERO/robosuite renders)"),
+    _p("flip_images.primary", "none",
+       "how the primary camera is mounted, undone before the bundle's own flip: "
+       "none | 180 | vflip | hflip"),
+    _p("flip_images.wrist", "none",
+       "how the wrist camera is mounted, undone before the bundle's own flip: "
+       "none | 180 | vflip | hflip"),
     _p("state.source", "joint_state", "robot state from joint_state names or tf (pose + gripper)",
        CONFIGURE),
     _p("state.joint_names", ["eef_x", "eef_y", "eef_z", "eef_rx", "eef_ry", "eef_rz",
@@ -186,6 +192,10 @@ class Settings:
 
     def suffixes(self) -> dict[str, str]:
         return {g: self.values[f"context_suffix.{g}"] for g in SUFFIX_GROUPS}
+
+    def mounts(self) -> tuple[str, str]:
+        """``flip_images.primary`` and ``flip_images.wrist``, camera order."""
+        return self.values["flip_images.primary"], self.values["flip_images.wrist"]
 
     def flow_steps(self) -> int | None:
         return self.values["flow_steps"] or None
@@ -385,6 +395,8 @@ _CHECKS = {
     "execution.inpaint_schedule": _check_choice(SCHEDULES),
     "state.source": _check_choice(STATE_SOURCES),
     "runtime.load_order": _check_choice(LOAD_ORDERS),
+    "flip_images.primary": _check_choice(MOUNT_ROTATIONS),
+    "flip_images.wrist": _check_choice(MOUNT_ROTATIONS),
     "action_names": _check_action_names,
     "action_min": _check_limit_list,
     "action_max": _check_limit_list,

@@ -184,6 +184,32 @@ def _reject_deep(fmt: str) -> None:
                                "needs 8-bit colour (publish rgb8/bgr8 through jpeg or png)")
 
 
+#: How a camera is mounted, undone before anything else (parameters ``flip_images.primary``
+#: and ``flip_images.wrist``): upright, upside down, mirrored top-bottom or left-right.
+MOUNT_ROTATIONS = ("none", "180", "vflip", "hflip")
+
+
+def mount_rotate(img: np.ndarray, how: str) -> np.ndarray:
+    """Undo a camera's mount: ``180`` flips both axes, ``vflip`` the rows, ``hflip`` the
+    columns (a contiguous copy; ``none`` returns ``img`` itself). It runs before the
+    bundle's own ``flip_images_180`` convention, which is about the training renders."""
+    if how == "none":
+        return img
+    views = {"180": (slice(None, None, -1), slice(None, None, -1)),
+             "vflip": (slice(None, None, -1), slice(None)),
+             "hflip": (slice(None), slice(None, None, -1))}
+    if how not in views:
+        raise ObservationError(f"mount rotation {how!r}; choose one of "
+                               f"{', '.join(MOUNT_ROTATIONS)}")
+    return np.ascontiguousarray(img[views[how]])
+
+
+def mount_images(images: Sequence[np.ndarray], mounts: Sequence[str]) -> tuple:
+    """Each camera's frame with its mount undone (primary first, wrist second)."""
+    return tuple(mount_rotate(img, how) for img, how in zip(images, mounts)) + tuple(
+        images[len(mounts):])
+
+
 def flip_180(img: np.ndarray) -> np.ndarray:
     """Rotate by 180° (flip H and W) as a view: raw LIBERO/robosuite renders are upside down."""
     return img[::-1, ::-1]

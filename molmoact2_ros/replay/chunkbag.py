@@ -13,6 +13,7 @@ import numpy as np
 from ..control.controller import Published, chunk_message_fields, trajectory_message_fields
 from ..errors import BagError, GoldenError
 from .bagio import ACTION_CHUNK_TYPE, BAG_VERSIONS, open_bag, rosbags_modules, typestore
+from .chunk_match import ActionScale
 
 CHUNK_TOPIC = "/molmoact2_policy/action_chunk"
 TRAJECTORY_TOPIC = "/molmoact2_policy/trajectory"
@@ -24,13 +25,75 @@ FORMAT = "molmoact2_chunks.v1"
 COMPARED_SETTINGS = ("variant", "instruction", "seed", "flow_steps", "context_suffix.vision",
                      "context_suffix.llm", "context_suffix.action",
                      "context_suffix.action_context", "execution.start",
-                     "execution.blend")
+                     "execution.blend", "flip_images.primary", "flip_images.wrist")
+#: noise values a golden fingerprints: the first ones its seed draws (stamp 0)
+FINGERPRINT_VALUES = 16
 
 
-def run_info(settings, *, flow_steps: int, source_bag: str = "") -> dict[str, Any]:
-    """The settings a chunk bag records (``flow_steps`` is the effective number)."""
+def noise_fingerprint(seed: int) -> str:
+    """A fingerprint of the first noise values ``seed`` draws here (numpy's generator): two
+    machines whose fingerprints differ cannot produce the same chunks from the same seed."""
+    import hashlib
+
+    from ..host.flow import observation_rng
+
+    first = observation_rng(int(seed), 0).standard_normal(FINGERPRINT_VALUES).astype("<f4")
+    return hashlib.sha256(first.tobytes()).hexdigest()[:16]
+
+
+def noise_stream_problem(golden: dict[str, Any]) -> str:
+    """One line when this machine draws other noise for the golden's seed than the golden
+    recorded (another numpy generator): the cause of every mismatch that follows."""
+    want = golden.get("noise_fingerprint")
+    seed = golden.get("seed")
+    if not want or not isinstance(seed, int) or seed < 0:
+        return ""
+    here = noise_fingerprint(seed)
+    if here == want:
+        return ""
+    return (f"noise stream differs from the golden's: seed {seed} draws fingerprint {here} with "
+            f"numpy {np.__version__} here, {want} with numpy "
+            f"{golden.get('numpy_version', '?')} in the golden; every chunk starts from other "
+            "noise, so none can match (use the golden's numpy version)")
+
+
+def scale_of(norm_action) -> ActionScale:
+    """The normalised-units map of a bundle's action statistics (``FeatureStats``)."""
+    mask = np.asarray(norm_action.mask, bool)
+    q01 = np.asarray(norm_action.q01, np.float64)
+    q99 = np.asarray(norm_action.q99, np.float64)
+    half = np.maximum((q99 - q01) / 2.0, 1e-6)
+    return ActionScale(tuple(float(x) for x in np.where(mask, (q99 + q01) / 2.0, 0.0)),
+                       tuple(float(x) for x in np.where(mask, half, 1.0)))
+
+
+def action_scale(settings: dict[str, Any], variant: str | None = None,
+                 bundle_root: Any = None) -> ActionScale | None:
+    """The golden's recorded action scale, else the bundle's, else None (action units)."""
+    rec = settings.get("action_scale")
+    if isinstance(rec, dict) and "offset" in rec and "scale" in rec:
+        return ActionScale(tuple(map(float, rec["offset"])), tuple(map(float, rec["scale"])))
+    if bundle_root is None:
+        return None
+    from ..bundle.bundle import Bundle
+
+    try:
+        bundle = Bundle.open(bundle_root, variant or settings.get("variant"))
+        return scale_of(bundle.norm_stats().action)
+    except Exception:  # no readable bundle: compare in action units
+        return None
+
+
+def run_info(settings, *, flow_steps: int, source_bag: str = "",
+             scale: ActionScale | None = None) -> dict[str, Any]:
+    """The settings a chunk bag records (``flow_steps`` is the effective number) and its
+    provenance: package and numpy versions, the noise fingerprint of its seed, the action
+    scale its chunks are compared in."""
+    import platform
+
     from .. import __version__
 
+    seed = int(settings["seed"])
     return {
         "format": FORMAT,
         "variant": settings["variant"],
@@ -43,8 +106,15 @@ def run_info(settings, *, flow_steps: int, source_bag: str = "") -> dict[str, An
         # blending makes a chunk depend on the previous one: a check must use the same
         "execution.start": settings["execution.start"],
         "execution.blend": settings["execution.blend"],
+        "flip_images.primary": settings["flip_images.primary"],
+        "flip_images.wrist": settings["flip_images.wrist"],
         "package_version": __version__,
+        "numpy_version": np.__version__,
+        "noise_fingerprint": noise_fingerprint(seed) if seed >= 0 else "",
+        "machine": f"{platform.node()} ({platform.machine()})",
         "source_bag": source_bag,
+        **({"action_scale": {"offset": list(scale.offset), "scale": list(scale.scale)}}
+           if scale is not None else {}),
     }
 
 
@@ -137,6 +207,14 @@ class GoldenChunks:
     action_names: list[str] = field(default_factory=list)
     period_ns: int = 50_000_000
 
+    @property
+    def provenance(self) -> dict[str, Any]:
+        """Where the golden came from: backend, versions, machine, source bag, settings."""
+        keys = ("backend", "package_version", "numpy_version", "noise_fingerprint", "machine",
+                "source_bag")
+        return {"path": str(self.path), **{k: self.settings.get(k, "") for k in keys},
+                "settings": dict(self.settings)}
+
 
 def read_chunk_bag(path: Path) -> GoldenChunks:
     """Read a chunk bag written by ``--record`` (or recorded from the node's ~/action_chunk)."""
@@ -169,6 +247,10 @@ def read_chunk_bag(path: Path) -> GoldenChunks:
                 raise GoldenError(f"golden bag {path}: chunk at stamp {stamp} holds "
                                   f"{actions.size} values, not horizon x action_dim = "
                                   f"{msg.horizon} x {msg.action_dim}")
+            if stamp in golden.chunks:
+                raise GoldenError(f"golden bag {path} holds two chunks stamped {stamp} ns; "
+                                  "chunks are matched by stamp, so it cannot be a golden: "
+                                  "record it again from a bag with one observation per stamp")
             golden.chunks[stamp] = actions.reshape(msg.horizon, msg.action_dim)
             golden.action_names = list(msg.action_names)
             golden.period_ns = int(msg.period.sec) * 10**9 + int(msg.period.nanosec)

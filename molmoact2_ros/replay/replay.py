@@ -23,6 +23,7 @@ from ..control.params import Settings
 from ..control.sync import ApproxTimeSync
 from ..control.topics import input_topics, input_types
 from ..errors import BagError, MolmoActError
+from ..host.image_header import check_image_side
 from ..host.images import decode_compressed, decode_image
 from ..host.state import state_from_joint_state
 from .bagio import (
@@ -44,10 +45,13 @@ def _stamp_ns(msg) -> int:
     return int(msg.header.stamp.sec) * 1_000_000_000 + int(msg.header.stamp.nanosec)
 
 
-def _image(msg) -> np.ndarray:
+def _image(msg, max_side_px: int) -> np.ndarray:
+    """Decode like the node: frames larger than ``max_image_side_px`` refused from the header."""
     if hasattr(msg, "format"):
-        return decode_compressed(msg.format, bytes(msg.data))
-    return decode_image(msg.encoding, msg.height, msg.width, msg.step, msg.data)
+        return decode_compressed(msg.format, bytes(msg.data), max_side_px=max_side_px)
+    check_image_side(msg.width, msg.height, max_side_px, "Image")
+    return decode_image(msg.encoding, msg.height, msg.width, msg.step, msg.data,
+                        max_side_px=max_side_px)
 
 
 class _FirstMessages(logging.Handler):
@@ -141,7 +145,8 @@ def replay(
 
 def _feed(controller: Controller, settings: Settings, items, result: ReplayResult) -> None:
     try:
-        images = [_image(items[0].msg), _image(items[1].msg)]
+        side = settings["max_image_side_px"]
+        images = [_image(items[0].msg, side), _image(items[1].msg, side)]
         joint = items[2].msg
         state = state_from_joint_state(list(joint.name), joint.position,
                                        list(settings["state.joint_names"]))

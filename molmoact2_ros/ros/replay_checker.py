@@ -13,9 +13,15 @@ from rclpy.executors import (
 )
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 
+from ..bundle.comparison import Limits
 from ..errors import MolmoActError
-from ..replay.chunk_match import LiveCheck, Tolerance, default_tolerance, format_summary
-from ..replay.chunkbag import read_chunk_bag, settings_differences
+from ..replay.chunk_match import LiveCheck, default_tolerance, format_summary
+from ..replay.chunkbag import (
+    action_scale,
+    noise_stream_problem,
+    read_chunk_bag,
+    settings_differences,
+)
 
 
 class ReplayChecker(rclpy.node.Node):
@@ -35,11 +41,13 @@ class ReplayChecker(rclpy.node.Node):
                                 "`molmoact2 replay BAG ... --record GOLDEN`")
         self.golden = read_chunk_bag(p["golden"])
         base = default_tolerance(p["backend"])
-        tol = Tolerance(*(getattr(base, k) if p[k] < 0 else p[k]
-                          for k in ("min_cosine", "atol", "rtol", "min_within")))
+        tol = Limits(*(getattr(base, k) if p[k] < 0 else p[k]
+                       for k in ("min_cosine", "atol", "rtol", "min_within")))
+        self.noise_problem = noise_stream_problem(self.golden.settings)
         self.check = LiveCheck(self.golden.chunks, tol, min_produced=p["min_produced"],
                                idle_timeout_s=p["idle_timeout_s"], timeout_s=p["timeout_s"],
-                               start_s=time.monotonic())
+                               start_s=time.monotonic(),
+                               scale=action_scale(self.golden.settings))
         self.reason = ""
         from ..msg import ActionChunk
 
@@ -66,6 +74,8 @@ class ReplayChecker(rclpy.node.Node):
         differences = settings_differences(self.golden.settings, self.check.fields)
         if differences:
             print("settings differ from the golden's: " + "; ".join(differences))
+        if self.noise_problem:
+            print(self.noise_problem)
         summary = self.check.summary()
         print(f"run over: {self.reason or 'interrupted'}")
         print(format_summary(summary, self.golden.action_names))
