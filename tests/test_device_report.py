@@ -106,10 +106,14 @@ def test_out_is_never_overwritten_without_force(tiny_root, tmp_path, monkeypatch
     bundle = tmp_path / "grid_sampler"
     shutil.copytree(tiny_root / "grid_sampler", bundle, ignore=shutil.ignore_patterns("onnx"))
     manifest = (bundle / "bundle.json").read_bytes()
-    out = bundle / "bundle.md"  # once replaced that bundle's bundle.json
+    inside = bundle / "bundle.md"  # once replaced that bundle's bundle.json
+    assert main(["device-report", str(bundle), "--out", str(inside), "--force"]) == 2
+    assert "lies inside the input bundle root" in capsys.readouterr().err
+    assert not inside.exists() and not (bundle / "bundle.md.json").exists()
+    assert (bundle / "bundle.json").read_bytes() == manifest
+    out = tmp_path / "report.md"
     assert main(["device-report", str(bundle), "--out", str(out)]) == 1
-    assert (bundle / "bundle.md.json").is_file() and (bundle / "bundle.json").read_bytes() == \
-        manifest
+    assert (tmp_path / "report.md.json").is_file()
     before = out.read_text()
     assert main(["device-report", str(bundle), "--out", str(out)]) == 2
     assert "already exist; give another --out or --force" in capsys.readouterr().err
