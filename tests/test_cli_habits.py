@@ -113,6 +113,24 @@ def test_a_missing_matplotlib_is_refused_before_the_run(tmp_path, monkeypatch, c
     assert not png.exists()
 
 
+@pytest.mark.parametrize("command", ["replay", "compare"])
+def test_a_report_without_matplotlib_is_refused_before_the_run(command, tiny_root, tmp_path,
+                                                               monkeypatch, capsys):
+    """``--report`` draws PNGs: without matplotlib the command stops before it reads a bag."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    bag = tmp_path / "bag"
+    bag.mkdir()  # never opened: the refusal comes first
+    report = tmp_path / "report"
+    argv = (["replay", str(bag), "--bundle-root", str(tiny_root), "--report", str(report)]
+            if command == "replay" else ["compare", str(bag), str(tmp_path / "other"),
+                                         "--report", str(report)])
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "'matplotlib'" in captured.err and "[plot]" in captured.err, captured.err
+    assert not report.exists()
+
+
 def test_htp_without_qai_appbuilder_suggests_the_fake_before_any_worker(tiny_root, monkeypatch,
                                                                          capsys):
     monkeypatch.setattr(sys, "path", [p for p in sys.path if "fake_qai_appbuilder" not in p])

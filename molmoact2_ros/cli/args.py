@@ -183,3 +183,19 @@ def suffixes_from_env(given: list[tuple[str, str]] | None, environ=None) -> dict
               f"switch) is taken as --suffix {group}={value} (context_suffix.{group} on the "
               "node)", file=sys.stderr)
     return chosen
+
+
+def check_report_dir(report: str | os.PathLike | None, force: bool, command: str) -> None:
+    """Refuse a ``--report`` folder before the run: a file in its place, a report already there
+    (unless ``--force``), or no matplotlib to draw its plots (naming the extra)."""
+    if not report:
+        return
+    from ..util.optional import require
+
+    report = Path(report)
+    if report.exists() and not report.is_dir():
+        raise MolmoActError(f"--report {report} is a file; give a folder")
+    if (report / "summary.json").exists() and not force:
+        raise MolmoActError(f"--report {report} holds a report already; choose a new folder "
+                            "or pass --force")
+    require("matplotlib", f"{command} --report")

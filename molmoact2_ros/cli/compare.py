@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import MolmoActError
-from .args import float_in
+from .args import check_report_dir, float_in
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -21,16 +21,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     from .replay import tolerance_from_args
 
+    check_report_dir(args.report, args.force, "compare")  # before reading: nothing runs
     a, b = read_chunk_bag(Path(args.a)), read_chunk_bag(Path(args.b))
     if Path(args.a).resolve() == Path(args.b).resolve():
         raise MolmoActError("compare A B: A and B are the same bag; give two chunk bags")
-    if args.report:
-        report = Path(args.report)
-        if report.exists() and not report.is_dir():
-            raise MolmoActError(f"--report {report} is a file; give a folder")
-        if (report / "summary.json").exists() and not args.force:
-            raise MolmoActError(f"--report {report} holds a report already; choose a new "
-                                "folder or pass --force")
     names = b.action_names or a.action_names or [f"dim {i}" for i in range(7)]
     backend = args.backend or a.settings.get("backend", "onnx")
     tol = tolerance_from_args(args, backend)

@@ -17,7 +17,7 @@ from ..control.params import MAX_FLOW_STEPS, SEED_MAX
 from ..errors import MolmoActError
 from ..runtime.appbuilder import describe
 from ..util.progress import counter
-from .args import check_paths, example, float_in, int_in
+from .args import check_paths, check_report_dir, example, float_in, int_in
 from .ray_args import add_ray_args
 
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -130,13 +130,7 @@ def check_outputs(args: argparse.Namespace) -> None:
                  ("--bundle-root", args.bundle_root)])
     if args.record:
         check_output(Path(args.record), args.force, "--record bag")
-    if args.report:
-        report = Path(args.report)
-        if report.exists() and not report.is_dir():
-            raise MolmoActError(f"--report {report} is a file; give a folder")
-        if (report / "summary.json").exists() and not args.force:
-            raise MolmoActError(f"--report {report} holds a report already; choose a new folder "
-                                "or pass --force")
+    check_report_dir(args.report, args.force, "replay")
 
 
 class _Signals:
