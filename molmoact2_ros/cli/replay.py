@@ -74,6 +74,27 @@ def load_golden(path: Path):
     return read_chunk_bag(path)
 
 
+def golden_and_settings(args: argparse.Namespace):
+    """The golden (a chunk bag, a trace's dict, or None), its settings, the run's settings
+    checked against them, the tolerance, and the settings that differ from the golden's; one
+    place for one bag and for many."""
+    from ..control.params import Settings, validate_changes
+
+    golden = load_golden(Path(args.golden)) if args.golden else None
+    trace = golden if isinstance(golden, dict) else None
+    if trace is not None:
+        golden_settings = {"instruction": str(trace["instruction"]),
+                           "seed": int(trace["seed"]), "flow_steps": int(trace["flow_steps"])}
+    else:
+        golden_settings = dict(golden.settings) if golden is not None else {}
+    changes, differences = run_changes(args, golden_settings)
+    ok, reason = validate_changes(changes, Settings())
+    if not ok:
+        raise MolmoActError(reason)
+    return (golden, trace, golden_settings, Settings().with_changes(changes),
+            tolerance_from_args(args, args.backend), differences)
+
+
 def run_changes(args: argparse.Namespace, golden_settings: dict) -> tuple[dict, list[str]]:
     """Parameter changes of this run: arguments first, then the golden's settings, then
     replay's defaults; returns them with the settings that differ from the golden's."""
@@ -173,7 +194,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def _replay_one(args: argparse.Namespace) -> int:
     from ..control.controller import load_policy
-    from ..control.params import Settings, validate_changes
     from ..replay.bagio import prepare_output
     from ..replay.chunk_match import format_summary, match_chunks
     from ..replay.chunkbag import (
@@ -186,19 +206,7 @@ def _replay_one(args: argparse.Namespace) -> int:
     from ..replay.replay import replay
 
     check_outputs(args)  # before reading anything: outputs never replace inputs
-    golden = load_golden(Path(args.golden)) if args.golden else None
-    trace = golden if isinstance(golden, dict) else None
-    if trace is not None:
-        golden_settings = {"instruction": str(trace["instruction"]),
-                           "seed": int(trace["seed"]), "flow_steps": int(trace["flow_steps"])}
-    else:
-        golden_settings = dict(golden.settings) if golden is not None else {}
-    changes, differences = run_changes(args, golden_settings)
-    ok, reason = validate_changes(changes, Settings())
-    if not ok:
-        raise MolmoActError(reason)
-    settings = Settings().with_changes(changes)
-    tol = tolerance_from_args(args, args.backend)
+    golden, trace, golden_settings, settings, tol, differences = golden_and_settings(args)
     if differences:
         print("settings differ from the golden's: " + "; ".join(differences))
     noise = noise_stream_problem(golden_settings) if trace is None else ""

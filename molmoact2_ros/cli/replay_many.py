@@ -102,31 +102,18 @@ def check_bag(worker: Worker, item: BagItem) -> dict[str, Any]:
 
 
 def _check(worker: Worker, item: BagItem, start: float) -> dict[str, Any]:
-    from ..control.params import Settings, validate_changes
     from ..replay.bagio import check_output
     from ..replay.chunk_match import match_chunks
     from ..replay.chunkbag import ChunkBagWriter, action_scale, run_info, scale_of
     from ..replay.replay import replay
-    from .replay import load_golden, run_changes, tolerance_from_args
+    from .replay import golden_and_settings
 
     args = argparse.Namespace(**worker.options, bag=item.bag, golden=item.golden or None,
                               record=item.record or None)
     if args.golden and not Path(args.golden).exists():
         raise MolmoActError(f"no golden chunk bag {args.golden}; record one with "
                             "`molmoact2 replay BAGS... --record-dir DIR`")
-    golden = load_golden(Path(args.golden)) if args.golden else None
-    trace = golden if isinstance(golden, dict) else None
-    if trace is not None:
-        golden_settings = {"instruction": str(trace["instruction"]),
-                           "seed": int(trace["seed"]), "flow_steps": int(trace["flow_steps"])}
-    else:
-        golden_settings = dict(golden.settings) if golden is not None else {}
-    changes, differences = run_changes(args, golden_settings)
-    ok, reason = validate_changes(changes, Settings())
-    if not ok:
-        raise MolmoActError(reason)
-    settings = Settings().with_changes(changes)
-    tol = tolerance_from_args(args, args.backend)
+    golden, trace, golden_settings, settings, tol, differences = golden_and_settings(args)
     noise = np.asarray(trace["noise"], np.float32) if trace is not None else None
     partial = Path(item.record + PARTIAL) if item.record else None
     if partial is not None:  # a killed attempt's leftovers; the golden appears only when done
