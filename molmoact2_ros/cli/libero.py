@@ -44,11 +44,10 @@ def run_settings(args: argparse.Namespace) -> tuple[Any, dict]:
 
 
 def cmd_libero(args: argparse.Namespace) -> int:
-    from ..sim.evaluation import parse_tasks, plan, summary_lines
+    from ..sim.evaluation import finish_run, parse_tasks, plan
     from ..sim.ledger import Ledger
     from ..sim.libero_env import LiberoSim, suite_tasks
     from ..sim.runner import EpisodeRunner
-    from ..sim.summary import summarize, write
     from ..util.progress import counter
 
     if args.ray:
@@ -116,11 +115,7 @@ def cmd_libero(args: argparse.Namespace) -> int:
             if runner is not None:
                 runner.close()
             sim.close()
-    records = [r for r in ledger.records if r["key"] in {s.key for s in specs}]
-    summary = summarize(records, run)
-    files = write(out, summary)
-    print("\n".join(summary_lines(summary, records)))
-    print(f"results: {', '.join(str(f) for f in [ledger.path, *files])}")
+    records = finish_run(ledger, specs, run, out)
     if received is not None:
         print(f"interrupted by signal {received}: {len(records)} of {len(specs)} episodes in "
               f"the ledger; run the same command again to resume", file=sys.stderr)

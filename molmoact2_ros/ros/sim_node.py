@@ -45,12 +45,11 @@ from sensor_msgs.msg import Image, JointState
 from ..control.chunk_io import Published
 from ..control.params import PARAMS_BY_NAME
 from ..errors import MolmoActError
-from ..sim.evaluation import parse_tasks, plan, summary_lines
+from ..sim.evaluation import finish_run, parse_tasks, plan
 from ..sim.executor import ChunkExecutor
 from ..sim.ledger import Ledger
 from ..sim.libero_env import DEFAULT_SETTLE_STEPS, LiberoSim, suite_tasks
 from ..sim.runner import EPISODE_T0_NS, MIN_EPISODE_NS, EpisodeRecord, EpisodeSpec
-from ..sim.summary import summarize, write
 from .common import NODE_NAME, new_executor
 
 SIM_NODE_NAME = "molmoact2_libero_sim"
@@ -218,11 +217,7 @@ class LiberoSimNode(rclpy.node.Node):
                                        f" in {rec.steps} steps; {wins}/{len(ledger.records)}")
         finally:
             sim.close()
-        records = [r for r in ledger.records if r["key"] in {s.key for s in specs}]
-        summary = summarize(records, run)
-        files = write(out, summary)
-        print("\n".join(summary_lines(summary, records)))
-        print(f"results: {', '.join(str(f) for f in [ledger.path, *files])}")
+        records = finish_run(ledger, specs, run, out)
         sys.stdout.flush()
         return 0 if len(records) == len(specs) else 130
 

@@ -3,6 +3,8 @@ the episode plan from task and init choices, and the summary lines printed at th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..errors import MolmoActError
 
 
@@ -62,3 +64,17 @@ def summary_lines(summary: dict, records: list[dict]) -> list[str]:
     lines += [f"refused: {r['key']}: {r['reason']}" for r in records
               if r.get("status") == "refused"]
     return lines
+
+
+def finish_run(ledger, specs, run: dict, out: Path) -> list[dict]:
+    """After a run (in-process or the ROS sim node): summarise this run's episodes from the
+    ledger, write the summary files, print the closing lines; returns the run's records."""
+    from .summary import summarize, write
+
+    keys = {s.key for s in specs}
+    records = [r for r in ledger.records if r["key"] in keys]
+    summary = summarize(records, run)
+    files = write(out, summary)
+    print("\n".join(summary_lines(summary, records)))
+    print(f"results: {', '.join(str(f) for f in [ledger.path, *files])}")
+    return records
