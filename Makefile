@@ -60,7 +60,7 @@ lint: install ## ruff over the repository
 
 test: lint bundle ## lint, then the whole test suite on the tiny bundles (what CI runs)
 	@echo "== make: test: pytest (tests that need ROS 2 skip without it; LIBERO renders with MUJOCO_GL=$(MUJOCO_GL))"
-	@MUJOCO_GL=$(MUJOCO_GL) MOLMOACT2_TINY_BUNDLE=$(abspath $(BUNDLE)) $(BIN)/python -m pytest -q
+	@MUJOCO_GL=$(MUJOCO_GL) MOLMOACT2_TINY_BUNDLE=$(abspath $(BUNDLE)) $(BIN)/python -m pytest -q -o faulthandler_timeout=900
 
 docs: install ## regenerate docs/parameters.md from the parameter table
 	@echo "== make: docs: docs/parameters.md from control/params.py"

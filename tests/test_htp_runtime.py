@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -222,7 +223,13 @@ def test_no_orphans_when_the_orchestrator_dies(control, tiny_root):
                 text=True,
             )
         try:
-            workers = [int(p) for p in proc.stdout.readline().split()]  # after they loaded
+            # after they loaded; bounded, so a wedged start shows its stacks instead of hanging
+            if not select.select([proc.stdout], [], [], 600)[0]:
+                proc.send_signal(signal.SIGUSR1)
+                time.sleep(2)
+                pytest.fail("orchestrator printed no worker pids within 600 s; its threads:\n"
+                            + err_path.read_text()[-6000:])
+            workers = [int(p) for p in proc.stdout.readline().split()]
             assert len(workers) == 6, (sig, err_path.read_text())
             proc.send_signal(sig)
             try:
