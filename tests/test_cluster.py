@@ -232,6 +232,35 @@ def test_resume_after_an_interrupt_runs_every_item_once(ray_session, tmp_path):
     assert second.items == 6 - len(done)
 
 
+def _env_setup(arg):
+    return None
+
+
+def _env_work(state, payload):
+    return {k: os.environ.get(k) for k in payload}
+
+
+def test_an_actor_keeps_its_thread_pools_within_its_declared_cpus(ray_session, monkeypatch):
+    """llvmpipe's render threads and ONNX Runtime's pool are sized by the declared CPUs, so two
+    actors on two cores do not each spin threads over both (a driver's own setting wins)."""
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    names = ("LP_NUM_THREADS", "MOLMOACT2_ONNX_THREADS", "OMP_NUM_THREADS")
+    monkeypatch.delenv("LP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MOLMOACT2_ONNX_THREADS", raising=False)
+    got = []
+    fan_out([("a", names)], Job(_env_setup, _env_work), got.append,
+            resources=Resources(num_cpus=1))
+    assert got[0].value == {"LP_NUM_THREADS": "1", "MOLMOACT2_ONNX_THREADS": "1",
+                            "OMP_NUM_THREADS": "1"}, got[0]
+    monkeypatch.setenv("LP_NUM_THREADS", "2")
+    got.clear()
+    fan_out([("a", names)], Job(_env_setup, _env_work), got.append,
+            resources=Resources(num_cpus=1))
+    assert got[0].value["LP_NUM_THREADS"] == "2", got[0]
+
+
 def test_an_actor_that_cannot_hold_its_resources_is_refused(ray_session):
     with pytest.raises(ClusterError, match="no node of the Ray cluster can hold an actor of "
                        "64 CPU"):

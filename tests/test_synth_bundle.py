@@ -246,3 +246,19 @@ def test_onnx_chain_reproduces_trace(bundles, variant, trace):
             x = x + out / n
         x = (x * keep).astype(np.float32)
     np.testing.assert_allclose(x[0, :, :7], t["actions_normalized"], atol=2e-4)
+
+
+def test_onnx_threads_come_from_the_environment_and_a_bad_value_is_refused(bundles, monkeypatch):
+    """``MOLMOACT2_ONNX_THREADS`` sizes each session's intra-op pool (a Ray actor sets it to
+    its CPUs); a word or a negative count is refused naming the variable."""
+    from molmoact2_ros.errors import RuntimeBackendError
+
+    path = _graph(bundles["grid_sampler"], "grid_sampler", "action_step")
+    monkeypatch.setenv("MOLMOACT2_ONNX_THREADS", "1")
+    session = OnnxSession("action_step", path, providers=["CPUExecutionProvider"])
+    assert session._sess.get_session_options().intra_op_num_threads == 1
+    session.close()
+    for bad in ("banana", "-1", "1.5"):
+        monkeypatch.setenv("MOLMOACT2_ONNX_THREADS", bad)
+        with pytest.raises(RuntimeBackendError, match="MOLMOACT2_ONNX_THREADS"):
+            OnnxSession("action_step", path, providers=["CPUExecutionProvider"])

@@ -31,8 +31,17 @@ class Resources:
     memory_bytes: int = 0
     num_gpus: float = 0.0
 
+    def thread_caps(self) -> dict[str, str]:
+        """Environment that keeps an actor's own thread pools within its declared CPUs: Mesa's
+        llvmpipe render threads and ONNX Runtime's intra-op pool (Ray already caps
+        ``OMP_NUM_THREADS`` the same way). A value set in the driver's environment wins."""
+        threads = str(max(1, int(self.num_cpus)))
+        caps = {"LP_NUM_THREADS": threads, "MOLMOACT2_ONNX_THREADS": threads}
+        return {k: os.environ.get(k, v) for k, v in caps.items()}
+
     def options(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"num_cpus": self.num_cpus}
+        out: dict[str, Any] = {"num_cpus": self.num_cpus,
+                               "runtime_env": {"env_vars": self.thread_caps()}}
         if self.memory_bytes:
             out["memory"] = int(self.memory_bytes)
         if self.num_gpus:

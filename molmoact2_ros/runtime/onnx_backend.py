@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -30,6 +31,27 @@ def _import_ort():
     return onnxruntime
 
 
+#: Threads of each session's intra-op pool (unset or 0: ONNX Runtime's default, one per
+#: physical core). A Ray actor sets it to the CPUs it declared, so actors sharing a machine do
+#: not each spin a pool over every core.
+THREADS_ENV = "MOLMOACT2_ONNX_THREADS"
+
+
+def threads_from_env() -> int:
+    """``MOLMOACT2_ONNX_THREADS`` as an int in 0..1024 (0 when unset); anything else refused."""
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if not raw:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 1024:
+        raise RuntimeBackendError(f"{THREADS_ENV}={raw!r}: give a whole number of threads in "
+                                  "0..1024 (0: ONNX Runtime's default)")
+    return value
+
+
 def default_providers() -> list[str]:
     """CUDA when the installed onnxruntime has it, CPU always."""
     ort = _import_ort()
@@ -46,9 +68,11 @@ class OnnxSession:
         path: Path,
         *,
         providers: Sequence[str] | None = None,
-        intra_op_threads: int = 0,
+        intra_op_threads: int | None = None,
     ) -> None:
         ort = _import_ort()
+        if intra_op_threads is None:
+            intra_op_threads = threads_from_env()
         self.name = name
         self.path = Path(path)
         if not self.path.is_file():
