@@ -85,6 +85,8 @@ def test_scripted_chunks_move_the_robot_row_by_row_at_their_stamps(sim, scripted
         assert e.step_start_ns == t0 + k * PERIOD_NS
         assert e.due_ns == e.step_start_ns + PERIOD_NS
     assert rec.rows_executed == 30 and rec.rows_skipped == 0 and rec.idle_steps == 0
+    # the switches +x -> +z -> stop change the pose command by one unit, the gripper not counted
+    assert rec.largest_command_change == 1.0
 
 
 def test_latency_mode_skips_rows_due_before_the_chunk_is_ready(sim, scripted_settings):

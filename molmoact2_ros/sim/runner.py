@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..control.chunk_io import PolicyFactory, load_policy
 from ..control.controller import Controller, Published
 from ..control.params import Settings
@@ -104,6 +106,9 @@ class EpisodeRecord:
     rows_executed: int = 0
     rows_skipped: int = 0
     idle_steps: int = 0
+    #: largest change of the executed command's pose dims (x y z roll pitch yaw) from one step
+    #: to the next, in the action's units: the jump a switch of chunks gives the robot
+    largest_command_change: float = 0.0
     clipped_steps: int = 0
     clipped_values: int = 0
     #: the latency each chunk had in sim time (lockstep: 0)
@@ -280,6 +285,7 @@ class EpisodeRunner:
         video = self._video(spec, info.language)
         env_s = over_s = video_s = infer_s = 0.0
         in_flight_until = 0
+        previous = None
         loop0 = time.perf_counter()
         try:
             if video is not None:
@@ -307,6 +313,10 @@ class EpisodeRunner:
                     else:
                         in_flight_until = self.clock.now
                 action = self.executor.command(now)
+                if previous is not None:
+                    change = float(np.max(np.abs(action[:6] - previous[:6])))
+                    rec.largest_command_change = round(max(rec.largest_command_change, change), 6)
+                previous = action
                 obs = self.sim.step(action)
                 env = self.sim.last_env_step_s  # the bare env.step: the rest is our overhead
                 vs = 0.0

@@ -97,6 +97,9 @@ def summarize(records: list[dict[str, Any]], run: dict[str, Any] | None = None) 
         "rows_executed": sum(r["rows_executed"] for r in done),
         "rows_skipped": sum(r["rows_skipped"] for r in done),
         "idle_steps": sum(r["idle_steps"] for r in done),
+        # the largest jump of the executed command in any episode (older ledgers lack it)
+        "largest_command_change": round(max((r.get("largest_command_change", 0.0)
+                                             for r in done), default=0.0), 6),
         "drops": dict(sorted(drops.items())),
         "clipped_steps": sum(r["clipped_steps"] for r in done),
         "clipped_values": sum(r["clipped_values"] for r in done),
@@ -149,6 +152,8 @@ def markdown(summary: dict) -> str:
               f"{lat.get('p90', '-')} / {lat.get('p99', '-')} |",
               f"| inference wall time p50/p90/p99 ms | {inf.get('p50', '-')} / "
               f"{inf.get('p90', '-')} / {inf.get('p99', '-')} |",
+              f"| largest step-to-step change of the pose command (action units) | "
+              f"{summary.get('largest_command_change', '-')} |",
               f"| drops | {summary['drops'] or 'none'} |",
               f"| clipped steps (values) | {summary['clipped_steps']} "
               f"({summary['clipped_values']}) |",
