@@ -52,6 +52,8 @@ log = logging.getLogger("molmoact2_ros.control.controller")
 #: Watchdog: nothing published for this many expected periods while inputs arrive is a WARN,
 #: three times as many an ERROR (diagnostics name the largest drop counter).
 STALL_PERIODS = 10
+#: How the watchdog's status message begins (readers count stalls by it).
+STALL_MESSAGE = "nothing published for"
 #: The shortest expected period the watchdog assumes (on_observation has no period of its own).
 MIN_EXPECTED_PERIOD_S = 0.1
 #: chunks in a row without an overlap (blend set) before diagnostics warn
@@ -659,6 +661,6 @@ class Controller(SettingsControl):
         why = (f"largest drop counter: drop.{worst[0]}={worst[1]}" if worst else
                "no drops counted; check the trigger and the input topics")
         level = "error" if silent_ns >= 3 * STALL_PERIODS * period_ns else "warn"
-        return level, (f"nothing published for {silent_ns / 1e9:.1f} s "
+        return level, (f"{STALL_MESSAGE} {silent_ns / 1e9:.1f} s "
                        f"({silent_ns / period_ns:.0f} expected periods) while inputs arrive; "
                        + why)
