@@ -72,6 +72,17 @@ def _arguments():
         DeclareLaunchArgument("active_timeout_s", default_value="300.0",
                               description="the sim gives up when the policy node is not "
                               "active by then"),
+        DeclareLaunchArgument("policy_node", default_value=NODE_NAME,
+                              description="the policy node's name, with its namespace if any "
+                              "(e.g. robot/molmoact2_policy when it runs elsewhere)"),
+        DeclareLaunchArgument("compressed_images", default_value="false",
+                              description="cameras as sensor_msgs/CompressedImage on "
+                              "<topic>/compressed (both nodes)"),
+        DeclareLaunchArgument("compressed_format", default_value="jpeg",
+                              description="jpeg | png (compressed_images:=true)"),
+        DeclareLaunchArgument("diagnostics_period_s", default_value="0.25",
+                              description="the policy node's /diagnostics period in sim time; "
+                              "the sim keeps the worst status per episode"),
     ]
 
 
@@ -80,6 +91,8 @@ def _launch(context):
         return LaunchConfiguration(name).perform(context)
 
     mode = arg("time_mode")
+    compressed = arg("compressed_images").lower() in TRUE
+    policy_node = arg("policy_node").strip("/") or NODE_NAME
     sim = launch_ros.actions.Node(
         package="molmoact2_ros", executable="libero_sim", name="molmoact2_libero_sim",
         parameters=[{
@@ -88,7 +101,8 @@ def _launch(context):
             "settle_steps": int(arg("settle_steps")), "time_mode": mode,
             "latency_ms": float(arg("latency_ms")), "image_rotation": arg("image_rotation"),
             "out": os.path.abspath(arg("out")), "video": arg("video"), "seed": int(arg("seed")),
-            "policy_node": NODE_NAME, "active_timeout_s": float(arg("active_timeout_s")),
+            "policy_node": policy_node, "active_timeout_s": float(arg("active_timeout_s")),
+            "compressed_images": compressed, "compressed_format": arg("compressed_format"),
         }],
         output="screen", emulate_tty=True)
 
@@ -103,15 +117,17 @@ def _launch(context):
         return actions
     overrides = {"use_sim_time": True, "backend": arg("backend"), "variant": arg("variant"),
                  "trigger": "chunk_consumed" if mode == "realtime" else "on_observation",
-                 "seed": 7}
+                 "seed": 7, "compressed_images": compressed,
+                 "diagnostic_updater.period": float(arg("diagnostics_period_s"))}
     root = arg("bundle_root")
     for v in VARIANTS:
         if root and os.path.isdir(os.path.join(root, v)):
             overrides[f"bundle.{v}"] = os.path.join(root, v)
     if root and os.path.isfile(os.path.join(root, "bundle.json")):
         overrides[f"bundle.{arg('variant')}"] = root
+    namespace, _, name = policy_node.rpartition("/")
     node = launch_ros.actions.LifecycleNode(
-        package="molmoact2_ros", executable="policy_node", name=NODE_NAME, namespace="",
+        package="molmoact2_ros", executable="policy_node", name=name, namespace=namespace,
         parameters=[arg("base_params_file"), overrides], output="screen", emulate_tty=True)
 
     def change(transition):

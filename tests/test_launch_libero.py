@@ -1,7 +1,11 @@
 """``ros2 launch molmoact2_ros libero.launch.py`` on the tiny bundle, as a user runs it: the sim
-node and the policy node (use_sim_time) run two short episodes of one task in lockstep, across
-the sim-time reset between them, and the launch exits 0 with both in the ledger (skipped
-without ROS or LIBERO).
+node and the policy node (use_sim_time) run short episodes of one task, and the launch exits 0
+with them in the ledger (skipped without ROS or LIBERO).
+
+- lockstep, two episodes across the sim-time reset between them, with the policy node's
+  ``/diagnostics`` never worse than OK and never reporting a stalled output;
+- latency mode with a fixed ``latency_ms``, realtime mode, and compressed camera images;
+- a policy node that never comes up: the sim gives up with one line saying what to do.
 
 Run from a colcon install: ``source install/setup.bash && pytest src/molmoact2_ros/tests``.
 """
@@ -22,21 +26,72 @@ pytest.importorskip("libero")
 if shutil.which("ros2") is None:
     pytest.skip("no ros2 command on PATH", allow_module_level=True)
 
+STEPS = 12
+
+
+def _launch(tiny_root, out: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["ros2", "launch", "molmoact2_ros", "libero.launch.py", "suite:=libero_spatial",
+         "tasks:=0", f"max_steps:={STEPS}", "settle_steps:=5", "video:=none",
+         f"bundle_root:={tiny_root}", "backend:=onnx", f"out:={out}", *args],
+        capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (out / "episodes.jsonl").read_text().splitlines()]
+
 
 def test_libero_launch_runs_two_episodes_across_the_reset_and_exits_0(tiny_root, tmp_path):
     out = tmp_path / "results"
-    run = subprocess.run(
-        ["ros2", "launch", "molmoact2_ros", "libero.launch.py", "suite:=libero_spatial",
-         "tasks:=0", "episodes:=2", "max_steps:=12", "settle_steps:=5", "video:=none",
-         f"bundle_root:={tiny_root}", "backend:=onnx", "time_mode:=lockstep", f"out:={out}"],
-        capture_output=True, text=True, timeout=900, env=dict(os.environ))
+    run = _launch(tiny_root, out, "episodes:=2", "time_mode:=lockstep")
     text = run.stdout + run.stderr
     assert run.returncode == 0, text[-4000:]
-    records = [json.loads(ln) for ln in (out / "episodes.jsonl").read_text().splitlines()]
+    records = _records(out)
     assert [r["key"] for r in records] == ["libero_spatial/0/0", "libero_spatial/0/1"]
     for r in records:  # output never stalled: each episode got its chunks, none timed out
-        assert r["status"] == "ok" and r["steps"] == 12, r
+        assert r["status"] == "ok" and r["steps"] == STEPS, r
         assert r["chunks"] >= 2 and "chunk_timeout" not in r["drops"], r
-        assert r["rows_executed"] == 12, r
-    assert Path(out / "summary.json").exists()
+        assert r["rows_executed"] == STEPS, r
+        # the policy node's own watchdog agrees, from the reset before each episode to its end
+        status = r["policy_diagnostics"]
+        assert status["statuses"] >= 1 and status["worst"] == "OK", status
+        assert status["stalls"] == 0, status
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["policy_diagnostics"]["worst"] == "OK", summary["policy_diagnostics"]
+    assert summary["policy_diagnostics"]["stalls"] == 0
     assert "published (LeRobot fine-tune) 98.4%" in text
+
+
+@pytest.mark.parametrize("args", [
+    ("time_mode:=latency", "latency_ms:=300"),
+    ("time_mode:=realtime",),
+    ("time_mode:=lockstep", "compressed_images:=true"),
+], ids=["latency_300ms", "realtime", "compressed_images"])
+def test_libero_launch_time_modes_and_compressed_images(tiny_root, tmp_path, args):
+    out = tmp_path / "results"
+    run = _launch(tiny_root, out, "episodes:=1", *args)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    (r,) = _records(out)
+    assert r["status"] == "ok" and r["steps"] == STEPS and r["chunks"] >= 1, r
+    assert r["policy_diagnostics"]["stalls"] == 0, r["policy_diagnostics"]
+    if "time_mode:=latency" in args:  # each chunk ran 300 ms of sim time after its observation
+        assert r["time_mode"] == "latency" and r["latency_ms"] == 300.0, r
+        assert r["chunk_latency_ms"] == [300.0] * r["chunks"], r
+    elif "time_mode:=realtime" in args:
+        assert r["time_mode"] == "realtime" and r["rows_executed"] >= 1, r
+    else:  # the policy node subscribes to <topic>/compressed only: its chunks prove the path
+        assert r["chunks"] >= 2 and "chunk_timeout" not in r["drops"], r
+        assert r["rows_executed"] == STEPS, r
+
+
+def test_libero_launch_without_a_policy_node_times_out_with_its_reason(tiny_root, tmp_path):
+    out = tmp_path / "results"
+    run = _launch(tiny_root, out, "episodes:=1", "policy:=false", "active_timeout_s:=3.0",
+                  timeout=300)
+    assert run.returncode != 0
+    text = run.stdout + run.stderr
+    lines = [ln for ln in text.splitlines() if "error: policy node" in ln]
+    assert len(lines) == 1, text[-4000:]
+    assert "/molmoact2_policy did not answer within 3.0 s" in lines[0]
+    assert "policy.launch.py" in lines[0] and "ROS_DOMAIN_ID" in lines[0]
+    assert not (out / "episodes.jsonl").exists() or not (out / "episodes.jsonl").read_text()

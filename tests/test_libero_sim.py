@@ -164,6 +164,11 @@ def test_tiny_bundle_episode_writes_ledger_summary_plot_video(sim, tiny_root, tm
     line = json.loads((tmp_path / "episodes.jsonl").read_text().splitlines()[0])
     assert line["key"] == f"{SUITE}/{TASK}/0" and line["steps"] == 15 and line["chunks"] >= 2
     assert line["rows_executed"] + line["idle_steps"] == 15
+    # the controller's status, sampled after the reset and at the end: never a stall
+    status = line["policy_diagnostics"]
+    assert status["statuses"] >= 2 and status["stalls"] == 0, status
+    if mode == "lockstep":
+        assert status["worst"] == "OK", status
     if mode == "latency":  # measured wall time of each chunk became sim time
         assert all(x > 0 for x in line["chunk_latency_ms"])
     else:

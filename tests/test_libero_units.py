@@ -125,3 +125,57 @@ def test_sim_node_entry_point_and_launch_arguments_are_installed():
                 "DeclareLaunchArgument" and isinstance(node.args[0], ast.Constant)}
     assert {"suite", "tasks", "episodes", "bundle_root", "variant", "backend", "time_mode",
             "latency_ms", "max_steps", "out", "policy"} <= declared
+
+
+def test_policy_status_levels_from_ros_bytes_ints_and_controller_names():
+    from molmoact2_ros.sim.policy_status import level_name
+
+    # diagnostic_msgs/DiagnosticStatus: OK 0, WARN 1, ERROR 2, STALE 3 (a byte in rclpy)
+    assert [level_name(bytes([n])) for n in range(4)] == ["OK", "WARN", "ERROR", "STALE"]
+    assert [level_name(n) for n in range(4)] == ["OK", "WARN", "ERROR", "STALE"]
+    assert [level_name(s) for s in ("ok", "warn", "error")] == ["OK", "WARN", "ERROR"]
+    for bad in (bytes([7]), b"", 9, "fine"):
+        with pytest.raises(ValueError, match="unknown diagnostic level"):
+            level_name(bad)
+
+
+def test_worst_status_keeps_the_worst_and_counts_a_real_watchdog_stall(tmp_path):
+    from controller_fakes import Rig
+
+    from molmoact2_ros.sim.policy_status import WorstStatus
+
+    status = WorstStatus()
+    assert status.to_json() == {"worst": None, "message": "", "statuses": 0, "stalls": 0}
+    status.add(b"\x00", "running")
+    status.add(b"\x01", "3 stale observations skipped")
+    status.add(b"\x00", "running")
+    assert status.to_json() == {"worst": "WARN", "message": "3 stale observations skipped",
+                                "statuses": 3, "stalls": 0}
+    # the controller's own watchdog: inputs keep arriving, nothing is published for 10+ periods
+    rig = Rig(tmp_path, trigger="on_observation")
+    for v in ("grid_sampler", "lp_vtp_sd", "fused"):
+        (tmp_path / v).mkdir()
+    ctl = rig.start()
+    rig.clock.now += 5 * 10**9
+    rig.observe()  # an input arrives; nothing is processed, so nothing is published
+    d = ctl.diagnostics()
+    status.add(d["level"], d["message"])
+    got = status.to_json()
+    assert d["level"] in ("warn", "error") and got["stalls"] == 1, d
+    assert got["worst"] == d["level"].upper() and got["message"] == d["message"]
+
+
+def test_summary_reports_the_worst_policy_status_and_old_ledgers_have_none():
+    ok = {"worst": "OK", "message": "running", "statuses": 4, "stalls": 0}
+    warn = {"worst": "WARN", "message": "no instruction", "statuses": 2, "stalls": 0}
+    s = summarize([_rec("libero_goal/0/0", True, policy_diagnostics=ok),
+                   _rec("libero_goal/0/1", True, policy_diagnostics=warn),
+                   _rec("libero_goal/0/2", True)])  # a line written before the field existed
+    assert s["policy_diagnostics"] == {"worst": "WARN", "message": "no instruction",
+                                       "episode": "libero_goal/0/1", "episodes": 2,
+                                       "statuses": 6, "stalls": 0}
+    assert summarize([_rec("libero_goal/0/0", True)])["policy_diagnostics"] is None
+    from molmoact2_ros.sim.summary import markdown
+
+    assert "| policy status, worst over episodes | WARN (6 statuses, 0 stalled) in " \
+        "libero_goal/0/1: no instruction |" in markdown(s)

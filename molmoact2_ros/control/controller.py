@@ -52,6 +52,8 @@ log = logging.getLogger("molmoact2_ros.control.controller")
 #: Watchdog: nothing published for this many expected periods while inputs arrive is a WARN,
 #: three times as many an ERROR (diagnostics name the largest drop counter).
 STALL_PERIODS = 10
+#: How the watchdog's status message begins (readers count stalls by it).
+STALL_MESSAGE = "nothing published for"
 #: The shortest expected period the watchdog assumes (on_observation has no period of its own).
 MIN_EXPECTED_PERIOD_S = 0.1
 #: chunks in a row without an overlap (blend set) before diagnostics warn
@@ -641,8 +643,10 @@ class Controller(SettingsControl):
         return max(period, self.latency_estimate_s, MIN_EXPECTED_PERIOD_S)
 
     def _stall(self, drops: Counter) -> tuple[str, str] | None:
-        """Watchdog: inputs arrive but nothing was published for ``STALL_PERIODS`` expected
-        periods (WARN; three times as long: ERROR), naming the largest drop counter."""
+        """Watchdog: inputs kept arriving for ``STALL_PERIODS`` expected periods after the last
+        publish and still arrive (WARN; three times as long: ERROR), naming the largest drop
+        counter. Inputs that stopped soon after the last publish (a sim reset between episodes,
+        a sensor going away) are not a stall, however long the clock runs on."""
         if self.state != ACTIVE or self._swapping or self._last_output_ns is None \
                 or self._last_input_ns is None:
             return None
@@ -651,14 +655,16 @@ class Controller(SettingsControl):
         silent_ns = now - self._last_output_ns
         if silent_ns < 0:  # the clock went back: the new time line is the baseline
             self._last_output_ns = now
+            self._last_input_ns = min(self._last_input_ns, now)
             return None
-        if silent_ns < STALL_PERIODS * period_ns or \
+        arriving_ns = self._last_input_ns - self._last_output_ns
+        if arriving_ns < STALL_PERIODS * period_ns or \
                 now - self._last_input_ns > STALL_PERIODS * period_ns:
             return None
         worst = max(drops.items(), key=lambda kv: kv[1], default=None)
         why = (f"largest drop counter: drop.{worst[0]}={worst[1]}" if worst else
                "no drops counted; check the trigger and the input topics")
-        level = "error" if silent_ns >= 3 * STALL_PERIODS * period_ns else "warn"
-        return level, (f"nothing published for {silent_ns / 1e9:.1f} s "
+        level = "error" if arriving_ns >= 3 * STALL_PERIODS * period_ns else "warn"
+        return level, (f"{STALL_MESSAGE} {silent_ns / 1e9:.1f} s "
                        f"({silent_ns / period_ns:.0f} expected periods) while inputs arrive; "
                        + why)

@@ -34,26 +34,31 @@ import numpy as np
 import rclpy
 import rclpy.node
 from builtin_interfaces.msg import Time
+from diagnostic_msgs.msg import DiagnosticArray
 from lifecycle_msgs.srv import GetState
 from rcl_interfaces.srv import SetParameters
 from rclpy.executors import ExternalShutdownException
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rosgraph_msgs.msg import Clock
-from sensor_msgs.msg import Image, JointState
+from sensor_msgs.msg import CompressedImage, Image, JointState
 
 from ..control.chunk_io import Published
 from ..control.params import PARAMS_BY_NAME
+from ..control.topics import image_topic
 from ..errors import MolmoActError
 from ..sim.evaluation import finish_run, parse_tasks, plan
 from ..sim.executor import ChunkExecutor
 from ..sim.ledger import Ledger
 from ..sim.libero_env import DEFAULT_SETTLE_STEPS, LiberoSim, suite_tasks
+from ..sim.policy_status import WorstStatus
 from ..sim.runner import EPISODE_T0_NS, MIN_EPISODE_NS, EpisodeRecord, EpisodeSpec
 from .common import NODE_NAME, new_executor
 
 SIM_NODE_NAME = "molmoact2_libero_sim"
 TIME_MODES = ("lockstep", "latency", "realtime")
+#: CompressedImage formats the sim can publish (the policy node decodes both)
+COMPRESSED_FORMATS = {"jpeg": ".jpg", "png": ".png"}
 
 
 def _time(ns: int) -> Time:
@@ -73,6 +78,7 @@ class LiberoSimNode(rclpy.node.Node):
             ("video", "all"), ("seed", 0), ("policy_node", NODE_NAME),
             ("active_timeout_s", 300.0), ("chunk_timeout_s", 120.0), ("republish_s", 10.0),
             ("overlap_s", 0.0), ("frame_id", "libero"),
+            ("compressed_images", False), ("compressed_format", "jpeg"),
             ("topics.image_primary", PARAMS_BY_NAME["topics.image_primary"].default),
             ("topics.image_wrist", PARAMS_BY_NAME["topics.image_wrist"].default),
             ("topics.joint_states", PARAMS_BY_NAME["topics.joint_states"].default),
@@ -82,12 +88,20 @@ class LiberoSimNode(rclpy.node.Node):
         if self.p["time_mode"] not in TIME_MODES:
             raise MolmoActError(f"time_mode={self.p['time_mode']!r}; choose one of "
                                 f"{', '.join(TIME_MODES)}")
+        if self.p["compressed_format"] not in COMPRESSED_FORMATS:
+            raise MolmoActError(f"compressed_format={self.p['compressed_format']!r}; choose "
+                                f"{' or '.join(COMPRESSED_FORMATS)}")
         self.period_ns = 50_000_000
         policy = "/" + self.p["policy_node"].strip("/")
-        self._pub_primary = self.create_publisher(Image, self.p["topics.image_primary"],
-                                                  qos_profile_sensor_data)
-        self._pub_wrist = self.create_publisher(Image, self.p["topics.image_wrist"],
-                                                qos_profile_sensor_data)
+        # the topics the policy node subscribes to with the same compressed_images setting
+        compressed = bool(self.p["compressed_images"])
+        image_type = CompressedImage if compressed else Image
+        self._pub_primary = self.create_publisher(
+            image_type, image_topic(self.p["topics.image_primary"], compressed),
+            qos_profile_sensor_data)
+        self._pub_wrist = self.create_publisher(
+            image_type, image_topic(self.p["topics.image_wrist"], compressed),
+            qos_profile_sensor_data)
         self._pub_joints = self.create_publisher(JointState, self.p["topics.joint_states"],
                                                  qos_profile_sensor_data)
         self._pub_clock = self.create_publisher(Clock, "/clock", QoSProfile(depth=10))
@@ -96,6 +110,11 @@ class LiberoSimNode(rclpy.node.Node):
         self._chunks: queue.Queue = queue.Queue()
         self.create_subscription(ActionChunk, f"{policy}/action_chunk", self._on_chunk,
                                  QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+        # the policy node's diagnostic_updater names its status "<node name>: policy"
+        self._status_prefix = policy.rsplit("/", 1)[-1] + ":"
+        self._policy_status: WorstStatus | None = None  # the running episode's, else None
+        self.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics,
+                                 QoSProfile(depth=50, reliability=ReliabilityPolicy.RELIABLE))
         self._set_params = self.create_client(SetParameters, f"{policy}/set_parameters")
         self._get_state = self.create_client(GetState, f"{policy}/get_state")
         self.policy_name = policy
@@ -117,6 +136,18 @@ class LiberoSimNode(rclpy.node.Node):
         self._chunks.put((stamp, start, int(msg.sequence), actions, latency, time.monotonic(),
                           kind))
 
+    def _on_diagnostics(self, msg) -> None:
+        """Keep the worst status of the policy node during the running episode."""
+        window = self._policy_status
+        if window is None:
+            return
+        for st in msg.status:
+            if st.name.startswith(self._status_prefix):
+                try:
+                    window.add(st.level, st.message)
+                except ValueError as exc:
+                    self.get_logger().warn(f"{st.name}: {exc}", throttle_duration_sec=10.0)
+
     def _call(self, client, request, timeout_s: float):
         """A service call from the evaluation thread (the executor spins elsewhere)."""
         if not client.wait_for_service(timeout_sec=min(timeout_s, 5.0)):
@@ -129,18 +160,28 @@ class LiberoSimNode(rclpy.node.Node):
 
     def _wait_active(self) -> None:
         """Until the policy node reports ``active``; else one line with its last state."""
-        deadline = time.monotonic() + self.p["active_timeout_s"]
-        label = "not found"
+        timeout_s = self.p["active_timeout_s"]
+        deadline = time.monotonic() + timeout_s
+        label = ""
         while time.monotonic() < deadline and not self._stop.is_set():
-            result = self._call(self._get_state, GetState.Request(), 5.0)
+            left = max(0.1, min(5.0, deadline - time.monotonic()))
+            result = self._call(self._get_state, GetState.Request(), left)
             if result is not None:
                 label = result.current_state.label
                 if label == "active":
                     return
-            time.sleep(0.5)
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        if self._stop.is_set():
+            raise MolmoActError(f"stopped while waiting for policy node {self.policy_name}")
+        if not label:
+            raise MolmoActError(
+                f"policy node {self.policy_name} did not answer within {timeout_s} s "
+                f"(active_timeout_s): start it with use_sim_time:=true on this ROS_DOMAIN_ID "
+                f"(ros2 launch molmoact2_ros policy.launch.py ...), or set policy_node to its name")
         raise MolmoActError(
-            f"policy node {self.policy_name} is not active after {self.p['active_timeout_s']} s "
-            f"(state: {label}); see its log for the failed transition (bundle path, backend)")
+            f"policy node {self.policy_name} is {label}, not active, after {timeout_s} s "
+            f"(active_timeout_s): see its log for the failed transition (bundle path, backend), "
+            f"or activate it: ros2 lifecycle set {self.policy_name} activate")
 
     def _set_instruction(self, text: str) -> tuple[bool, str]:
         request = SetParameters.Request()
@@ -166,6 +207,9 @@ class LiberoSimNode(rclpy.node.Node):
 
     def _publish_images(self, obs, ns: int) -> None:
         for pub, img in ((self._pub_primary, obs.images[0]), (self._pub_wrist, obs.images[1])):
+            if self.p["compressed_images"]:
+                pub.publish(self._compressed(img, ns))
+                continue
             msg = Image()
             msg.header.stamp = _time(ns)
             msg.header.frame_id = self.p["frame_id"]
@@ -173,6 +217,22 @@ class LiberoSimNode(rclpy.node.Node):
             msg.encoding, msg.is_bigendian, msg.step = "rgb8", 0, int(img.shape[1]) * 3
             msg.data = np.ascontiguousarray(img).tobytes()
             pub.publish(msg)
+
+    def _compressed(self, img: np.ndarray, ns: int) -> CompressedImage:
+        """An RGB frame as image_transport's compressed plugin sends it (cv2 comes with
+        LIBERO)."""
+        import cv2
+
+        fmt = self.p["compressed_format"]
+        ok, data = cv2.imencode(COMPRESSED_FORMATS[fmt], np.ascontiguousarray(img[:, :, ::-1]))
+        if not ok:
+            raise MolmoActError(f"cv2 could not encode a {img.shape} frame as {fmt}")
+        msg = CompressedImage()
+        msg.header.stamp = _time(ns)
+        msg.header.frame_id = self.p["frame_id"]
+        msg.format = f"rgb8; {fmt} compressed bgr8"
+        msg.data = data.tobytes()
+        return msg
 
     # -- the evaluation (its own thread) -------------------------------------------------------
     def _evaluate(self) -> None:
@@ -234,6 +294,8 @@ class LiberoSimNode(rclpy.node.Node):
             rec.status, rec.reason = "refused", reason
             self.get_logger().warn(f"{spec.key}: instruction refused: {reason}")
             return rec
+        # from here to the episode's last step, across the reset: the policy node's statuses
+        status = self._policy_status = WorstStatus()
         t0 = EPISODE_T0_NS + sim.settle_steps * self.period_ns
         # run the clock far enough that the jump back to t0 is a reset for the policy node
         self._publish_clock(max(self.now_ns, t0 + MIN_EPISODE_NS))
@@ -291,10 +353,12 @@ class LiberoSimNode(rclpy.node.Node):
                 if obs.success or self._stop.is_set():
                     break
         finally:
+            self._policy_status = None
             if video is not None:
                 video.close()
         if self._stop.is_set() and not obs.success:
             return None
+        rec.policy_diagnostics = status.to_json()
         loop_s = time.perf_counter() - loop0
         rec.success = bool(obs.success)
         rec.sim_time_s = round((sim.settle_steps + rec.steps) * self.period_ns / 1e9, 6)

@@ -37,6 +37,7 @@ from ..control.stamps import CLOCK_JUMP_BACK_S
 from ..errors import MolmoActError
 from .executor import ChunkExecutor
 from .libero_env import LiberoSim, SimStep
+from .policy_status import WorstStatus
 
 TIME_MODES = ("lockstep", "latency", "realtime")
 #: Sim time of each episode's reset; every episode starts here again (a backward clock jump).
@@ -49,6 +50,9 @@ MIN_EPISODE_NS = int((CLOCK_JUMP_BACK_S + 0.5) * 1e9)
 #: chunk runs to its end, as the published evaluation), LIBERO's delta end-effector rows,
 #: reproducible noise; everything else is the node's default.
 EVAL_DEFAULTS = {"trigger": "chunk_consumed", "execution.action_type": "delta", "seed": 7}
+#: The controller's status is sampled every this many steps (1 s of sim time, as the node's
+#: diagnostics), after the reset and at the end of each episode.
+DIAGNOSTICS_STEPS = 20
 log = logging.getLogger("molmoact2_ros.sim.runner")
 
 
@@ -115,6 +119,9 @@ class EpisodeRecord:
     chunk_latency_ms: list[float] = field(default_factory=list)
     drops: dict[str, int] = field(default_factory=dict)
     video: str = ""
+    #: the worst status the policy reported during the episode (``policy_status.WorstStatus``:
+    #: worst, message, statuses, stalls); None in ledgers written before it was recorded
+    policy_diagnostics: dict[str, Any] | None = None
     timing: EpisodeTiming = field(default_factory=EpisodeTiming)
 
     def to_json(self) -> dict[str, Any]:
@@ -276,6 +283,8 @@ class EpisodeRunner:
         rec.timing.build_s = self.sim.timing.pop("build_s", 0.0)
         rec.timing.settle_s = self.sim.timing.get("settle_s", 0.0)
         self.clock.jump_to(t0)
+        status = WorstStatus()  # sampled like the node's /diagnostics: each second of sim time
+        self._sample(status)
         self.executor.reset()
         executed_before, skipped_before = self.executor.rows_executed, self.executor.rows_skipped
         idle_before = self.executor.idle_steps
@@ -312,6 +321,8 @@ class EpisodeRunner:
                         in_flight_until = out.ready_ns
                     else:
                         in_flight_until = self.clock.now
+                if k % DIAGNOSTICS_STEPS == DIAGNOSTICS_STEPS - 1:
+                    self._sample(status)
                 action = self.executor.command(now)
                 if previous is not None:
                     change = float(np.max(np.abs(action[:6] - previous[:6])))
@@ -342,6 +353,8 @@ class EpisodeRunner:
         rec.success = bool(obs.success)
         rec.sim_time_s = round((self.sim.settle_steps + rec.steps) * self.period_ns / 1e9, 6)
         self.clock.advance_to(t0 + rec.steps * self.period_ns)
+        self._sample(status)
+        rec.policy_diagnostics = status.to_json()
         rec.rows_executed = self.executor.rows_executed - executed_before
         rec.rows_skipped = self.executor.rows_skipped - skipped_before
         rec.idle_steps = self.executor.idle_steps - idle_before
@@ -364,6 +377,10 @@ class EpisodeRunner:
                                 if self.video_dir.parent in video.path.parents
                                 else video.path)
         return rec
+
+    def _sample(self, status: WorstStatus) -> None:
+        d = self.controller.diagnostics()
+        status.add(d["level"], d["message"])
 
     def _video(self, spec: EpisodeSpec, instruction: str):
         if self.videos == "none":

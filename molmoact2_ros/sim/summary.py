@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from .policy_status import summarize_statuses
+
 #: MolmoAct2-LIBERO's published success rates (%) to compare a deployment with: the LeRobot
 #: fine-tune per suite (average 98.25%); the original release averaged 97.2%.
 PUBLISHED = {"libero_spatial": 98.4, "libero_object": 100.0, "libero_goal": 98.0,
@@ -104,6 +106,7 @@ def summarize(records: list[dict[str, Any]], run: dict[str, Any] | None = None) 
         "clipped_steps": sum(r["clipped_steps"] for r in done),
         "clipped_values": sum(r["clipped_values"] for r in done),
         "refused": sum(1 for r in records if r.get("status") == "refused"),
+        "policy_diagnostics": summarize_statuses(records),
         "sim_steps_per_s": round(steps / loop_s, 3) if loop_s else 0.0,
         "env_step_ms": round(mean_env, 3),
         "loop_overhead_ms": round(mean_over, 3),
@@ -113,6 +116,14 @@ def summarize(records: list[dict[str, Any]], run: dict[str, Any] | None = None) 
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _status(summary: dict) -> str:
+    d = summary.get("policy_diagnostics")
+    if not d:
+        return "not recorded"
+    text = f"{d['worst']} ({d['statuses']} statuses, {d['stalls']} stalled)"
+    return text if d["worst"] == "OK" else f"{text} in {d['episode']}: {d['message']}"
 
 
 def markdown(summary: dict) -> str:
@@ -158,6 +169,7 @@ def markdown(summary: dict) -> str:
               f"| clipped steps (values) | {summary['clipped_steps']} "
               f"({summary['clipped_values']}) |",
               f"| refused instructions (episodes) | {summary['refused']} |",
+              f"| policy status, worst over episodes | {_status(summary)} |",
               f"| sim steps/s | {summary['sim_steps_per_s']} |",
               f"| env.step ms / loop overhead ms (% of a step) | {summary['env_step_ms']} / "
               f"{summary['loop_overhead_ms']} ({summary['loop_overhead_pct_of_step']}%) |", ""]

@@ -106,3 +106,41 @@ def test_watchdog_is_quiet_when_no_input_arrives(rig):
     rig.clock.now += 100 * SECOND  # nothing arrives: that is a sensor problem, not a stall
     assert ctl.diagnostics()["level"] != "error"
     assert "nothing published" not in ctl.diagnostics()["message"]
+
+
+def _publish_once(rig, ctl, sync):
+    _offer_set(rig, ctl, sync, rig.clock.now)
+    ctl.process_pending()
+    assert rig.published, "the rig's controller did not publish a fresh observation"
+
+
+def test_inputs_that_stop_soon_after_the_last_output_are_not_a_stall(rig):
+    """A sim resetting between episodes: one joint state after the last chunk, then only the
+    clock runs on for the reset. Nothing arrives any more: quiet, at every point on the way."""
+    from controller_fakes import STATE
+
+    ctl, sync = _synced_rig(rig)
+    _publish_once(rig, ctl, sync)
+    window_ns = int(STALL_PERIODS * ctl.expected_period_s() * SECOND)
+    rig.clock.now += window_ns // 10
+    ctl.offer(sync, 2, rig.clock.now, STATE)  # the last input, shortly after the output
+    for _ in range(30):  # the clock runs on to three windows without any input
+        rig.clock.now += window_ns // 10
+        d = ctl.diagnostics()
+        assert "nothing published" not in d["message"], d
+
+
+def test_a_reset_after_a_long_episode_is_not_a_stall(rig):
+    """Inputs and outputs flowed for many windows, then sim time jumps back to the start of
+    the next episode: the old time line's inputs do not make the new one look stalled."""
+    ctl, sync = _synced_rig(rig)
+    window_ns = int(STALL_PERIODS * ctl.expected_period_s() * SECOND)
+    start = rig.clock.now
+    while rig.clock.now < start + 5 * window_ns:
+        rig.clock.now += SECOND // 20
+        _publish_once(rig, ctl, sync)
+    rig.clock.now = start  # the sim's reset
+    for _ in range(5):
+        rig.clock.now += window_ns // 10
+        d = ctl.diagnostics()
+        assert "nothing published" not in d["message"], d
