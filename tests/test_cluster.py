@@ -246,13 +246,13 @@ def test_an_actor_keeps_its_thread_pools_within_its_declared_cpus(ray_session, m
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    names = ("LP_NUM_THREADS", "MOLMOACT2_ONNX_THREADS", "OMP_NUM_THREADS")
+    names = ("LP_NUM_THREADS", "MOLMOACT2_THREADS", "OMP_NUM_THREADS")
     monkeypatch.delenv("LP_NUM_THREADS", raising=False)
-    monkeypatch.delenv("MOLMOACT2_ONNX_THREADS", raising=False)
+    monkeypatch.delenv("MOLMOACT2_THREADS", raising=False)
     got = []
     fan_out([("a", names)], Job(_env_setup, _env_work), got.append,
             resources=Resources(num_cpus=1))
-    assert got[0].value == {"LP_NUM_THREADS": "1", "MOLMOACT2_ONNX_THREADS": "1",
+    assert got[0].value == {"LP_NUM_THREADS": "1", "MOLMOACT2_THREADS": "1",
                             "OMP_NUM_THREADS": "1"}, got[0]
     monkeypatch.setenv("LP_NUM_THREADS", "2")
     got.clear()

@@ -249,16 +249,16 @@ def test_onnx_chain_reproduces_trace(bundles, variant, trace):
 
 
 def test_onnx_threads_come_from_the_environment_and_a_bad_value_is_refused(bundles, monkeypatch):
-    """``MOLMOACT2_ONNX_THREADS`` sizes each session's intra-op pool (a Ray actor sets it to
+    """``MOLMOACT2_THREADS`` sizes each session's intra-op pool (a Ray actor sets it to
     its CPUs); a word or a negative count is refused naming the variable."""
-    from molmoact2_ros.errors import RuntimeBackendError
+    from molmoact2_ros.errors import MolmoActError
 
     path = _graph(bundles["grid_sampler"], "grid_sampler", "action_step")
-    monkeypatch.setenv("MOLMOACT2_ONNX_THREADS", "1")
+    monkeypatch.setenv("MOLMOACT2_THREADS", "1")
     session = OnnxSession("action_step", path, providers=["CPUExecutionProvider"])
     assert session._sess.get_session_options().intra_op_num_threads == 1
     session.close()
     for bad in ("banana", "-1", "1.5"):
-        monkeypatch.setenv("MOLMOACT2_ONNX_THREADS", bad)
-        with pytest.raises(RuntimeBackendError, match="MOLMOACT2_ONNX_THREADS"):
+        monkeypatch.setenv("MOLMOACT2_THREADS", bad)
+        with pytest.raises(MolmoActError, match="MOLMOACT2_THREADS"):
             OnnxSession("action_step", path, providers=["CPUExecutionProvider"])

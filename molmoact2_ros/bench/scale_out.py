@@ -207,8 +207,8 @@ def bench_scale_out(tmp: Path, *, variant: str = "grid_sampler", bags: int = 20,
 
 
 def libero_work(root: str, variant: str, episodes: int, max_steps: int, tmp: Path):
-    """Worker options and episode specs of the LIBERO row: libero_spatial tasks 0.. with init
-    state 0, lockstep, no videos, 5 settle steps."""
+    """Worker options and episode specs of the LIBERO row: libero_spatial task 0 with init
+    states 0.., lockstep, no videos, 5 settle steps."""
     from ..bundle.bundle import bundle_parameters
     from ..control.params import Settings
     from ..sim.runner import EVAL_DEFAULTS, EpisodeSpec
@@ -218,7 +218,9 @@ def libero_work(root: str, variant: str, episodes: int, max_steps: int, tmp: Pat
     options = {"image_rotation": "180", "settle_steps": 5, "settings": settings,
                "runner": {"time_mode": "lockstep", "latency_ms": 0.0, "max_steps": max_steps,
                           "seed": 0, "video_dir": None, "videos": "none"}}
-    specs = [EpisodeSpec("libero_spatial", t % 10, t // 10) for t in range(episodes)]
+    # as an evaluation orders them (task-major: init states 0.. of task 0), so an actor keeps
+    # its env across episodes as it does over a task's 50 init states
+    specs = [EpisodeSpec("libero_spatial", 0, i) for i in range(episodes)]
     return options, specs
 
 

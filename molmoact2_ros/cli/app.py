@@ -14,6 +14,7 @@ from ..host.jit import switched_off as numba_switched_off
 from ..runtime.appbuilder import CHOICES as APPBUILDER_CHOICES
 from ..runtime.appbuilder import ENV as APPBUILDER_ENV
 from ..runtime.appbuilder import check_installed_for_htp, use_test_fake
+from ..util.threads import threads_from_env
 from .args import HelpFormatter, Parser
 
 #: Modules with a ``register(subparsers)`` function, each adding its command(s).
@@ -83,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         numba_switched_off()  # MOLMOACT2_NUMBA: on/off words only
+        threads_from_env()  # MOLMOACT2_THREADS: a thread count
     except MolmoActError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -129,7 +129,7 @@ def register(subparsers) -> None:
     g.add_argument("--scale-out-libero", metavar="BUNDLE_ROOT",
                    help="also run LIBERO lockstep episodes with this bundle (e.g. the tiny one)")
     g.add_argument("--scale-out-episodes", type=int_at_least(1), default=4,
-                   help="LIBERO episodes (libero_spatial tasks 0.., init state 0)")
+                   help="LIBERO episodes (libero_spatial task 0, init states 0..)")
     g.add_argument("--scale-out-max-steps", type=int_at_least(1), default=60,
                    help="policy steps per LIBERO episode")
     p.set_defaults(func=cmd_bench)

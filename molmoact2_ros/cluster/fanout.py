@@ -32,16 +32,16 @@ class Resources:
     num_gpus: float = 0.0
 
     def thread_caps(self) -> dict[str, str]:
-        """Environment that keeps an actor's own thread pools within its declared CPUs: Mesa's
-        llvmpipe render threads and ONNX Runtime's intra-op pool (Ray already caps
-        ``OMP_NUM_THREADS`` the same way). A value set in the driver's environment wins."""
+        """Environment that keeps an actor's own threads within its declared CPUs: Mesa's
+        llvmpipe render threads and the package's (``MOLMOACT2_THREADS``: ONNX Runtime's pool,
+        the cameras side by side); Ray already caps ``OMP_NUM_THREADS`` the same way. A value
+        set in the driver's environment wins."""
         threads = str(max(1, int(self.num_cpus)))
-        caps = {"LP_NUM_THREADS": threads, "MOLMOACT2_ONNX_THREADS": threads}
+        caps = {"LP_NUM_THREADS": threads, "MOLMOACT2_THREADS": threads}
         return {k: os.environ.get(k, v) for k, v in caps.items()}
 
     def options(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"num_cpus": self.num_cpus,
-                               "runtime_env": {"env_vars": self.thread_caps()}}
+        out: dict[str, Any] = {"num_cpus": self.num_cpus}
         if self.memory_bytes:
             out["memory"] = int(self.memory_bytes)
         if self.num_gpus:
@@ -122,7 +122,10 @@ class FanoutStats:
 class _Runner:
     """The actor: holds the state of one setup and runs items one at a time."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, environment: dict[str, str] | None = None) -> None:
+        # set here, before the job's setup builds anything that reads them (an EGL context,
+        # ONNX sessions); a runtime_env would cost a fresh worker process per actor instead
+        os.environ.update(environment or {})
         self.job = job
         self.state: Any = None
 
@@ -221,7 +224,7 @@ def fan_out(
     start = time.perf_counter()
 
     def launch(slot: _Slot) -> None:
-        slot.handle = remote_cls.remote(job)
+        slot.handle = remote_cls.remote(job, resources.thread_caps())
         slot.info = {}
         stats.actors_started += 1
         pending[slot.handle.setup.remote()] = ("setup", slot, "", time.perf_counter())

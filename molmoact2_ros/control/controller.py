@@ -122,8 +122,10 @@ class Controller(SettingsControl):
     def configure(self) -> None:
         """Validate settings, load the runtime and warm it up. Raises MolmoActError."""
         from ..host.jit import switched_off
+        from ..util.threads import threads_from_env
 
         switched_off()  # a MOLMOACT2_NUMBA value that is not on/off fails configure, named
+        threads_from_env()  # and so does a MOLMOACT2_THREADS that is not a thread count
         with self._lock:
             ok, reason = validate_changes(dict(self.settings.values), self.settings)
             if not ok:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ObservationError
+from ..util.threads import threads_from_env
 from .image_header import (
     MAX_IMAGE_SIDE_PX,
     check_compressed_header,
@@ -320,9 +321,15 @@ def preprocess(
     # numpy releases the GIL in these loops: the cameras run side by side (scratch buffers
     # are per thread), each writing its own slice of ``out``. The calling thread takes the
     # first camera itself: one hand-off less, which matters when the cores are busy.
-    others = [_camera_pool().submit(one_camera, cam) for cam in range(1, len(checked))]
+    # with MOLMOACT2_THREADS=1 (a Ray actor of one CPU) every camera runs on this thread
+    side_by_side = threads_from_env() != 1
+    others = [_camera_pool().submit(one_camera, cam) for cam in range(1, len(checked))
+              if side_by_side]
     try:
         one_camera(0)
+        if not side_by_side:
+            for cam in range(1, len(checked)):
+                one_camera(cam)
     finally:
         for future in others:
             future.result()

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import BundleError, RuntimeBackendError
+from ..util.threads import threads_from_env
 from .session import TensorInfo, cast_feeds
 
 _ORT_DTYPES = {
@@ -29,27 +29,6 @@ def _import_ort():
             "the onnx backend needs onnxruntime: pip install 'molmoact2_ros[onnx]'"
         ) from None
     return onnxruntime
-
-
-#: Threads of each session's intra-op pool (unset or 0: ONNX Runtime's default, one per
-#: physical core). A Ray actor sets it to the CPUs it declared, so actors sharing a machine do
-#: not each spin a pool over every core.
-THREADS_ENV = "MOLMOACT2_ONNX_THREADS"
-
-
-def threads_from_env() -> int:
-    """``MOLMOACT2_ONNX_THREADS`` as an int in 0..1024 (0 when unset); anything else refused."""
-    raw = os.environ.get(THREADS_ENV, "").strip()
-    if not raw:
-        return 0
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 1024:
-        raise RuntimeBackendError(f"{THREADS_ENV}={raw!r}: give a whole number of threads in "
-                                  "0..1024 (0: ONNX Runtime's default)")
-    return value
 
 
 def default_providers() -> list[str]:

@@ -315,3 +315,43 @@ def test_numba_switch_typo_fails_configure(tiny_root, monkeypatch):
     with pytest.raises(MolmoActError, match="MOLMOACT2_NUMBA='banana'"):
         rig.ctl.configure()
     assert rig.ctl.policy is None
+
+
+@pytest.mark.parametrize("value", ["banana", "-1", "2.5", "5000"])
+def test_thread_count_typo_is_refused_by_the_cli_and_at_configure(value, tiny_root, capsys,
+                                                                  monkeypatch):
+    """MOLMOACT2_THREADS (what a Ray actor sets to its CPUs) takes a thread count or nothing."""
+    from controller_fakes import Rig
+
+    from molmoact2_ros.errors import MolmoActError
+
+    monkeypatch.setenv("MOLMOACT2_THREADS", value)
+    assert main(["conventions", str(tiny_root / "grid_sampler")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [err.strip()] and "Traceback" not in err
+    assert f"MOLMOACT2_THREADS={value!r}: give a whole number of threads" in err
+    rig = Rig(tiny_root)
+    with pytest.raises(MolmoActError, match="MOLMOACT2_THREADS"):
+        rig.ctl.configure()
+    assert rig.ctl.policy is None
+
+
+def test_one_thread_preprocesses_both_cameras_on_the_calling_thread(monkeypatch):
+    """MOLMOACT2_THREADS=1: no pool hand-off, and the same pixel values as side by side."""
+    import threading
+
+    import numpy as np
+
+    from molmoact2_ros.host import images
+
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 256, (48, 64, 3), dtype=np.uint8) for _ in range(2)]
+    both = images.preprocess(frames)
+    seen = []
+    original = images.resize_levels
+    monkeypatch.setattr(images, "resize_levels", lambda *a, **k: (
+        seen.append(threading.current_thread().name), original(*a, **k))[1])
+    monkeypatch.setattr(images, "resize_normalise_into", lambda *a, **k: False)
+    monkeypatch.setenv("MOLMOACT2_THREADS", "1")
+    np.testing.assert_array_equal(images.preprocess(frames), both)
+    assert seen == [threading.current_thread().name] * 2

@@ -1,0 +1,30 @@
+"""``MOLMOACT2_THREADS``: how many threads this process's own compute may use.
+
+Unset or 0: as many as help (ONNX Runtime's pool over every core, the two cameras preprocessed
+side by side). A Ray actor sets it to the CPUs it declared, so actors sharing a machine do not
+each spread over every core (as Ray does with ``OMP_NUM_THREADS``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import MolmoActError
+
+ENV = "MOLMOACT2_THREADS"
+MAX_THREADS = 1024
+
+
+def threads_from_env() -> int:
+    """The variable as an int in 0..1024 (0 when unset); anything else is refused, named."""
+    raw = os.environ.get(ENV, "").strip()
+    if not raw:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_THREADS:
+        raise MolmoActError(f"{ENV}={raw!r}: give a whole number of threads in 0..{MAX_THREADS} "
+                            "(0 or unset: as many as help)")
+    return value
