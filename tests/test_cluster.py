@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ from replay_helpers import obs_bag, run_cli, trace
 ray = pytest.importorskip("ray")
 
 from molmoact2_ros.cli.replay_many import check_bag, close_worker, setup_worker  # noqa: E402
-from molmoact2_ros.cluster.connect import ClusterError, is_address  # noqa: E402
+from molmoact2_ros.cluster.connect import NICENESS_ENV, ClusterError, is_address  # noqa: E402
 from molmoact2_ros.cluster.fanout import Job, Resources, fan_out  # noqa: E402
 from molmoact2_ros.replay.fleet import pair_bags, without_timing  # noqa: E402
 from molmoact2_ros.util.ledger import LedgerWriter, read_ledger  # noqa: E402
@@ -51,10 +52,18 @@ def ray_session():
     process may be left."""
     threads = set(threading.enumerate())
     children = _children()
+    # workers at this process's priority, as cluster("local") starts them: at Ray's default
+    # nice 15 a busy CI machine starves the actors for many minutes
+    niceness = os.environ.get(NICENESS_ENV)
+    os.environ[NICENESS_ENV] = str(os.nice(0))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              logging_level=logging.WARNING)
     yield ray
     ray.shutdown()
+    if niceness is None:
+        os.environ.pop(NICENESS_ENV, None)
+    else:
+        os.environ[NICENESS_ENV] = niceness
     deadline = time.monotonic() + WAIT_S
     while True:
         left = _children() - children
@@ -374,3 +383,27 @@ def test_merged_report_names_the_worst_bag_and_the_settings_that_differ():
     text = format_merged(report)
     assert "worst: b chunk 1.500000000 s, max-abs 0.01 at action 3 gripper" in text
     assert "seed differs from the golden in 2 bags: b, c" in text and text.endswith("FAIL")
+
+
+_NICE_PROBE = """
+import os, sys
+from molmoact2_ros.cluster.connect import cluster
+
+with cluster("local", num_cpus=1) as ray:
+    @ray.remote(num_cpus=1)
+    def nice():
+        return os.nice(0)
+    print(os.nice(0), ray.get(nice.remote(), timeout=float(sys.argv[1])))
+"""
+
+
+def test_a_local_cluster_runs_its_workers_at_the_callers_priority(tmp_path):
+    """Ray's default nice 15 lets any other work on the machine starve the actors that do a
+    run's work while the driver waits; ``cluster('local')`` gives them the caller's."""
+    env = {k: v for k, v in os.environ.items() if k != NICENESS_ENV}
+    run = subprocess.run([sys.executable, "-c", _NICE_PROBE, str(WAIT_S * 5)],
+                         capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=WAIT_S * 10)
+    assert run.returncode == 0, run.stderr[-3000:]
+    driver, worker = (int(x) for x in run.stdout.split()[-2:])
+    assert worker == driver, run.stdout

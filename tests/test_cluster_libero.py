@@ -18,6 +18,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("libero")
 
 from molmoact2_ros.cli.app import main  # noqa: E402
+from molmoact2_ros.cluster.connect import NICENESS_ENV  # noqa: E402
 
 #: generous: each actor builds its own env on a busy 2-core machine
 WAIT_S = 900.0
@@ -28,10 +29,18 @@ RUN = ["libero", "--suite", "libero_spatial", "--tasks", "0,1", "--episodes", "1
 @pytest.fixture(scope="module")
 def ray_session():
     threads = set(threading.enumerate())
+    # workers at this process's priority, as cluster("local") starts them: at Ray's default
+    # nice 15 a busy CI machine starves the actors for many minutes
+    niceness = os.environ.get(NICENESS_ENV)
+    os.environ[NICENESS_ENV] = str(os.nice(0))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              logging_level=logging.WARNING)
     yield ray
     ray.shutdown()
+    if niceness is None:
+        os.environ.pop(NICENESS_ENV, None)
+    else:
+        os.environ[NICENESS_ENV] = niceness
     deadline = time.monotonic() + 120
     while True:
         extra = [t.name for t in threading.enumerate() if t not in threads and t.is_alive()

@@ -175,16 +175,15 @@ def bench_scale_out(tmp: Path, *, variant: str = "grid_sampler", bags: int = 20,
     """1 process against ``actors`` Ray actors on this machine, the same work, one run:
     replay of ``bags`` bags on null sessions, and with ``libero_root`` (a bundle root)
     ``episodes`` lockstep LIBERO episodes of ``max_steps`` steps."""
-    from ..cluster.connect import cluster
+    from ..cluster.connect import NICENESS_ENV, cluster
 
     folder, paths = write_bags(Path(tmp), variant, bags, frames)
     out: dict[str, Any] = {"frames_per_bag": frames, "runs": []}
-    # Ray starts its workers at nice 15, below this process: on a machine shared with other
-    # work that alone would slow the actors; here both sides run at the same priority
-    os.environ.setdefault("RAY_worker_niceness", str(os.nice(0)))
-    out["worker_niceness"] = int(os.environ["RAY_worker_niceness"])
     start = time.perf_counter()
+    # a local cluster's workers run at this process's priority (cluster()), so both sides
+    # of the comparison do
     with cluster("local", num_cpus=max(actors, os.cpu_count() or 1)) as ray:
+        out["worker_niceness"] = int(os.environ.get(NICENESS_ENV, "15"))
         out["cluster_start_s"] = time.perf_counter() - start
         out["cpus"] = ray.cluster_resources().get("CPU", 0.0)
         out["runs"].append(_side_by_side(

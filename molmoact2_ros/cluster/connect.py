@@ -53,6 +53,10 @@ def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
             "`ray start --head` and pass the address it prints, or use --ray local") from None
 
 
+#: the priority Ray starts a local cluster's worker processes at (Ray's default: nice 15)
+NICENESS_ENV = "RAY_worker_niceness"
+
+
 @contextmanager
 def cluster(address: str, *, num_cpus: int | None = None) -> Iterator[ModuleType]:
     """Ray, initialised for the ``with`` block: ``local`` starts a cluster sized to this
@@ -68,6 +72,9 @@ def cluster(address: str, *, num_cpus: int | None = None) -> Iterator[ModuleType
               "logging_level": logging.WARNING, "configure_logging": True}
     try:
         if address == LOCAL:
+            # the actors do the run's work while this process waits on them: at Ray's default
+            # nice 15 any other work on the machine would starve them, so they get ours
+            os.environ.setdefault(NICENESS_ENV, str(os.nice(0)))
             ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), **kwargs)
         else:
             ray.init(address=address, **kwargs)
