@@ -319,7 +319,6 @@ def test_ray_takes_an_address_or_leaves_the_word_to_the_bags():
 
 
 def test_many_bags_without_ray_never_import_it(fleet, tmp_path):
-    import subprocess
 
     code = ("import sys; from molmoact2_ros.cli.app import main; "
             f"rc = main({['replay', *fleet['bags'][:2], '--bundle-root', str(fleet['tiny']), '--golden-dir', str(fleet['goldens']), '--no-progress']!r}); "  # noqa: E501
@@ -384,26 +383,3 @@ def test_merged_report_names_the_worst_bag_and_the_settings_that_differ():
     assert "worst: b chunk 1.500000000 s, max-abs 0.01 at action 3 gripper" in text
     assert "seed differs from the golden in 2 bags: b, c" in text and text.endswith("FAIL")
 
-
-_NICE_PROBE = """
-import os, sys
-from molmoact2_ros.cluster.connect import cluster
-
-with cluster("local", num_cpus=1) as ray:
-    @ray.remote(num_cpus=1)
-    def nice():
-        return os.nice(0)
-    print(os.nice(0), ray.get(nice.remote(), timeout=float(sys.argv[1])))
-"""
-
-
-def test_a_local_cluster_runs_its_workers_at_the_callers_priority(tmp_path):
-    """Ray's default nice 15 lets any other work on the machine starve the actors that do a
-    run's work while the driver waits; ``cluster('local')`` gives them the caller's."""
-    env = {k: v for k, v in os.environ.items() if k != NICENESS_ENV}
-    run = subprocess.run([sys.executable, "-c", _NICE_PROBE, str(WAIT_S * 5)],
-                         capture_output=True, text=True, env=env, cwd=tmp_path,
-                         timeout=WAIT_S * 10)
-    assert run.returncode == 0, run.stderr[-3000:]
-    driver, worker = (int(x) for x in run.stdout.split()[-2:])
-    assert worker == driver, run.stdout
