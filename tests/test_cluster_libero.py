@@ -31,16 +31,12 @@ def ray_session():
     threads = set(threading.enumerate())
     # workers at this process's priority, as cluster("local") starts them: at Ray's default
     # nice 15 a busy CI machine starves the actors for many minutes
-    niceness = os.environ.get(NICENESS_ENV)
-    os.environ[NICENESS_ENV] = str(os.nice(0))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             logging_level=logging.WARNING)
-    yield ray
-    ray.shutdown()
-    if niceness is None:
-        os.environ.pop(NICENESS_ENV, None)
-    else:
-        os.environ[NICENESS_ENV] = niceness
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(NICENESS_ENV, str(os.nice(0)))
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.WARNING)
+        yield ray
+        ray.shutdown()
     deadline = time.monotonic() + 120
     while True:
         extra = [t.name for t in threading.enumerate() if t not in threads and t.is_alive()

@@ -9,7 +9,6 @@ import threading
 import time
 
 import pytest
-from controller_fakes import Rig
 
 from molmoact2_ros.control.controller import ACTIVE, INACTIVE, UNCONFIGURED
 from molmoact2_ros.control.sync import ApproxTimeSync
@@ -17,12 +16,6 @@ from molmoact2_ros.control.sync import ApproxTimeSync
 pytestmark = pytest.mark.usefixtures("no_leaks")
 SECOND = 1_000_000_000
 
-
-@pytest.fixture
-def rig(tiny_root):
-    rig = Rig(tiny_root)  # real bundle folders: reload changes pass the file checks
-    yield rig
-    rig.ctl.shutdown()
 
 
 # -- group 1: the inference thread cannot die silently ---------------------------------------

@@ -5,19 +5,12 @@ a check that must become a refusal (the node's parameter callback has no try).""
 from __future__ import annotations
 
 import pytest
-from controller_fakes import Rig
 
 from molmoact2_ros.control.controller import ACTIVE
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 LONG = " ".join(["pick up the black bowl between the plate and the ramekin"] * 4)
 
-
-@pytest.fixture
-def rig(tiny_root):
-    rig = Rig(tiny_root)
-    yield rig
-    rig.ctl.shutdown()
 
 
 def test_seed_change_reaches_the_running_policy(rig):

@@ -4,7 +4,6 @@ and output that stops while inputs keep arriving must show up in diagnostics (wa
 from __future__ import annotations
 
 import pytest
-from controller_fakes import Rig
 
 from molmoact2_ros.control.controller import STALL_PERIODS
 from molmoact2_ros.control.sync import ApproxTimeSync
@@ -13,12 +12,6 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 SECOND = 1_000_000_000
 GARBAGE_NS = 2**63 - 1
 
-
-@pytest.fixture
-def rig(tiny_root):
-    rig = Rig(tiny_root)
-    yield rig
-    rig.ctl.shutdown()
 
 
 def _synced_rig(rig):
