@@ -11,7 +11,8 @@ its tick and stops (zero step) when no row is due, as LIBERO's OSC_POSE controll
 Judged over the whole run from t = 0 (a robot that never moves cannot score well): the largest
 tick-to-tick change of what the robot is commanded (tracking: its target position; integrating:
 its step, i.e. its velocity), jerk of the executed path, time with nothing to execute, target
-error, and intent error against the *unguided* sample from the same noise. ``hold`` is a
+error, and intent error against what the policy meant: the *unguided* sample from the same
+noise (inpainting) or its rows before blending (crossfade, ensemble). ``hold`` is a
 baseline that keeps executing the old chunk over the whole overlap.
 """
 
@@ -157,6 +158,7 @@ class RunResult:
     """Metrics of one closed-loop run over the whole run from t = 0 (metres, seconds)."""
 
     policy: str
+    scene: str
     robot: str
     action_type: str
     start: str
@@ -235,7 +237,8 @@ def run_closed_loop(policy, *, blend: str, start: str, latency_ms: float, jitter
         if inflight and inflight[0].ready_ns <= now:
             out = inflight.pop(0)
             raw = unguided.pop(int(out.chunk.observation_stamp_ns), None)
-            intended = out if raw is None else _intended(out, raw)
+            # intent: the unguided sample (inpainting) or the policy's rows before blending
+            intended = _intended(out, out.chunk.actions if raw is None else raw)
             if hold and robot == "tracking" and follower.points is not None:
                 held.append(out)
             elif follower.accept(out, out.ready_ns):
@@ -276,7 +279,7 @@ def run_closed_loop(policy, *, blend: str, start: str, latency_ms: float, jitter
     jerk = (np.linalg.norm(np.diff(path, n=3, axis=0), axis=1) / period_s**3
             if len(path) > 3 else np.zeros(1))
     result = RunResult(
-        policy=name, robot=robot, action_type=action_type, start=start, blend=blend,
+        policy=name, scene=scene.name, robot=robot, action_type=action_type, start=start, blend=blend,
         latency_ms=latency_ms, horizon=int(getattr(policy, "horizon", 0)), seed=seed,
         switches=len(switch_ticks), max_step=float(np.max(steps)),
         mean_jerk=float(np.mean(jerk)), max_jerk=float(np.max(jerk)),
@@ -303,7 +306,7 @@ def summarise(results: list[RunResult]) -> list[Summary]:
     """Group runs that differ only in their seed."""
     groups: dict[tuple, list[RunResult]] = {}
     for r in results:
-        key = (r.policy, r.robot, r.action_type, r.start, r.horizon, r.latency_ms, r.blend)
+        key = (r.policy, r.scene, r.robot, r.action_type, r.start, r.horizon, r.latency_ms, r.blend)
         groups.setdefault(key, []).append(r)
     return [Summary(k, v) for k, v in groups.items()]
 
@@ -311,13 +314,13 @@ def summarise(results: list[RunResult]) -> list[Summary]:
 def format_table(results: list[RunResult]) -> str:
     """Mean ± standard deviation over seeds; ``/none`` is the largest step against none's."""
     summaries = summarise(results)
-    head = (f"{'robot':<11} {'start':<8} {'H':>3} {'lat ms':>6} {'blend':<9} {'seeds':>5} "
+    head = (f"{'scene':<10} {'robot':<11} {'start':<8} {'H':>3} {'lat ms':>6} {'blend':<9} {'seeds':>5} "
             f"{'max step mm':>13} {'/none':>5} {'jerk m/s3':>11} {'wait s':>11} "
             f"{'target mm':>11} {'intent mm':>11}")
     lines = [head, "-" * len(head)]
     none = {s.key[:-1]: s.stat("max_step")[0] for s in summaries if s.key[-1] == "none"}
     for s in summaries:
-        _, robot, _, start, horizon, latency, blend = s.key
+        _, scene, robot, _, start, horizon, latency, blend = s.key
         ref = none.get(s.key[:-1])
         step, step_sd = s.stat("max_step")
         ratio = f"{step / ref:5.2f}" if ref else f"{'-':>5}"
@@ -326,7 +329,7 @@ def format_table(results: list[RunResult]) -> str:
         target, target_sd = s.stat("target_error")
         intent, intent_sd = s.stat("intent_error")
         lines.append(
-            f"{robot:<11} {start:<8} {horizon:3d} {latency:6.0f} {blend:<9} {len(s.runs):5d} "
+            f"{scene:<10} {robot:<11} {start:<8} {horizon:3d} {latency:6.0f} {blend:<9} {len(s.runs):5d} "
             f"{step * 1e3:6.2f}±{step_sd * 1e3:<6.2f} {ratio} {jerk:5.1f}±{jerk_sd:<5.1f} "
             f"{wait:5.2f}±{wait_sd:<5.2f} {target * 1e3:5.1f}±{target_sd * 1e3:<5.1f} "
             f"{intent * 1e3:5.2f}±{intent_sd * 1e3:<5.2f}")

@@ -31,6 +31,7 @@ ACTION_DIM = 7
 class Scene:
     """A target moving on a Lissajous path in x, y; the robot is a 7-D commanded pose."""
 
+    name = "lissajous"
     amplitude_m: tuple[float, float] = (0.15, 0.10)
     period_s: tuple[float, float] = (10.0, 7.5)
 
@@ -51,6 +52,38 @@ class Scene:
         state[:6] = robot[:6]
         state[6], state[7] = robot[6], -robot[6]
         return Observation(images=(frame, frame[::-1].copy()), state=state, stamp_ns=int(t_ns))
+
+
+@dataclass
+class Waypoints(Scene):
+    """LIBERO-like: the target stands still and jumps to the next point of a seeded sequence
+    every ``dwell_s`` (a task's next phase: reach, lift, place). Between jumps two chunks
+    differ by sampling noise; at a jump the policy's intent changes."""
+
+    name = "waypoints"
+    dwell_s: float = 2.5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        rng = np.random.default_rng(10_000 + self.seed)
+        self._points = rng.uniform(-1.0, 1.0, (64, 2)) * np.asarray(self.amplitude_m)
+
+    def target(self, t_s: float) -> np.ndarray:
+        out = np.zeros(ACTION_DIM)
+        out[:2] = self._points[int(t_s // self.dwell_s) % len(self._points)]
+        return out
+
+
+SCENES = ("waypoints", "lissajous")
+
+
+def make_scene(name: str, seed: int = 0) -> Scene:
+    """The bench's scene by name (``SCENES``); ``seed`` draws the waypoints."""
+    if name == "lissajous":
+        return Scene()
+    if name == "waypoints":
+        return Waypoints(seed=seed)
+    raise ValueError(f"scene={name!r}; choose one of {', '.join(SCENES)}")
 
 
 def _pixel(xy_m: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..bench.closed_loop import ROBOTS, STRATEGIES, format_table, run_closed_loop, write_plot
-from ..bench.closed_loop_scene import TargetTrackingPolicy
+from ..bench.closed_loop_scene import SCENES, TargetTrackingPolicy, make_scene
 from ..bench.runtime import HOST_REPEATS, bench_variant, format_record
 from ..bundle.bundle import resolve_bundles
 from ..bundle.variants import VARIANTS
@@ -179,7 +179,7 @@ def cmd_closed_loop(args: argparse.Namespace) -> int:
     results, plots = [], {}
     kinds = ["synthetic", *bundles]
     robots = [r for r in args.robots if r == "tracking" or args.action_type == "delta"]
-    for kind in kinds:
+    for kind, scene in ((k, s) for k in kinds for s in args.scenes):
         horizons = args.horizons if kind == "synthetic" else [0]
         for robot in robots:
             for horizon in horizons:
@@ -195,28 +195,31 @@ def cmd_closed_loop(args: argparse.Namespace) -> int:
                                         policy, blend=blend, start=start, latency_ms=latency,
                                         jitter_ms=args.jitter_ms, duration_s=args.duration_s,
                                         period_s=args.period_ms / 1e3, seed=seed, name=kind,
-                                        overlap_s=args.overlap_ms / 1e3, robot=robot)
+                                        overlap_s=args.overlap_ms / 1e3, robot=robot,
+                                        scene=make_scene(scene, seed))
                                 finally:
                                     policy.close()
                                 results.append(result)
                                 if seed == args.seed:
                                     traces[blend] = trace
-                        plots[(kind, robot, horizon, start, latency)] = traces
+                        plots[(kind, scene, robot, horizon, start, latency)] = traces
     print(f"closed loop: {args.duration_s:g} s per run, control period {args.period_ms:g} ms, "
           f"latency jitter ±{args.jitter_ms:g} ms, trigger chunk_consumed with "
           f"execution.overlap_s={args.overlap_ms / 1e3:g}; {args.action_type} chunks of "
           f"{', '.join(str(h) for h in args.horizons)} rows; mean ± sd over {args.seeds} seeds, "
           "whole run from t = 0; max step: largest tick-to-tick change of the command "
           "(tracking: target position, integrating: its step), jerk of the executed path, "
-          "intent against the unguided sample from the same noise")
+          "intent against the unguided sample from the same noise (inpainting) or the rows "
+          "before blending")
     print(format_table(results), flush=True)
     if args.plot:
-        first = ("synthetic", robots[0], args.horizons[0], args.start[0])
+        first = ("synthetic", args.scenes[0], robots[0], args.horizons[0], args.start[0])
         key = first + (args.plot_latency_ms,)
         if key not in plots:
             key = first + (args.latencies_ms[0],)
-        write_plot(plots[key], Path(args.plot), f"synthetic policy, {key[1]} robot, "
-                   f"H={key[2]}, start={key[3]}, latency {key[4]:g} ms ± {args.jitter_ms:g}",
+        write_plot(plots[key], Path(args.plot), f"synthetic policy, {key[1]} scene, {key[2]} "
+                   f"robot, H={key[3]}, start={key[4]}, latency {key[5]:g} ms ± "
+                   f"{args.jitter_ms:g}",
                    (3.0, 6.0))
         print(f"wrote {args.plot}")
     if args.json:
@@ -241,6 +244,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--blends", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
                    help="strategies: execution.blend values, pigdm (inpaint with ΠGDM "
                    "guidance), hold (keep the old chunk over the overlap: a baseline)")
+    g.add_argument("--scenes", nargs="+", choices=SCENES, default=list(SCENES),
+                   help="waypoints (still targets that jump to the next point every 2.5 s, as "
+                   "a LIBERO task's phases) and/or lissajous (a target that keeps moving)")
     g.add_argument("--start", nargs="+", choices=START_MODES, default=["auto"],
                    help="execution.start modes to compare")
     g.add_argument("--robots", nargs="+", choices=ROBOTS, default=list(ROBOTS),
