@@ -211,6 +211,8 @@ def run_closed_loop(policy, *, blend: str, start: str, latency_ms: float, jitter
         "execution.start": start, "execution.overlap_s": overlap_s,
         "execution.blend": {"pigdm": "inpaint", "hold": "none"}.get(blend, blend),
         "execution.inpaint_method": "pigdm" if blend == "pigdm" else "pull",
+        # the simulated robots move DELTA_UNIT_M per unit; the tracking robot's targets too
+        "execution.delta_scale": [DELTA_UNIT_M, 0.5],
     })
     inflight: list[Published] = []
     ctl = Controller(settings, publish=inflight.append, policy_factory=lambda s: timed,
@@ -279,7 +281,8 @@ def run_closed_loop(policy, *, blend: str, start: str, latency_ms: float, jitter
     jerk = (np.linalg.norm(np.diff(path, n=3, axis=0), axis=1) / period_s**3
             if len(path) > 3 else np.zeros(1))
     result = RunResult(
-        policy=name, scene=scene.name, robot=robot, action_type=action_type, start=start, blend=blend,
+        policy=name, scene=scene.name, robot=robot, action_type=action_type, start=start,
+        blend=blend,
         latency_ms=latency_ms, horizon=int(getattr(policy, "horizon", 0)), seed=seed,
         switches=len(switch_ticks), max_step=float(np.max(steps)),
         mean_jerk=float(np.mean(jerk)), max_jerk=float(np.max(jerk)),
@@ -314,8 +317,8 @@ def summarise(results: list[RunResult]) -> list[Summary]:
 def format_table(results: list[RunResult]) -> str:
     """Mean ± standard deviation over seeds; ``/none`` is the largest step against none's."""
     summaries = summarise(results)
-    head = (f"{'scene':<10} {'robot':<11} {'start':<8} {'H':>3} {'lat ms':>6} {'blend':<9} {'seeds':>5} "
-            f"{'max step mm':>13} {'/none':>5} {'jerk m/s3':>11} {'wait s':>11} "
+    head = (f"{'scene':<10} {'robot':<11} {'start':<8} {'H':>3} {'lat ms':>6} {'blend':<9} "
+            f"{'seeds':>5} {'max step mm':>13} {'/none':>5} {'jerk m/s3':>11} {'wait s':>11} "
             f"{'target mm':>11} {'intent mm':>11}")
     lines = [head, "-" * len(head)]
     none = {s.key[:-1]: s.stat("max_step")[0] for s in summaries if s.key[-1] == "none"}
@@ -329,9 +332,10 @@ def format_table(results: list[RunResult]) -> str:
         target, target_sd = s.stat("target_error")
         intent, intent_sd = s.stat("intent_error")
         lines.append(
-            f"{scene:<10} {robot:<11} {start:<8} {horizon:3d} {latency:6.0f} {blend:<9} {len(s.runs):5d} "
-            f"{step * 1e3:6.2f}±{step_sd * 1e3:<6.2f} {ratio} {jerk:5.1f}±{jerk_sd:<5.1f} "
-            f"{wait:5.2f}±{wait_sd:<5.2f} {target * 1e3:5.1f}±{target_sd * 1e3:<5.1f} "
+            f"{scene:<10} {robot:<11} {start:<8} {horizon:3d} {latency:6.0f} {blend:<9} "
+            f"{len(s.runs):5d} {step * 1e3:6.2f}±{step_sd * 1e3:<6.2f} {ratio} "
+            f"{jerk:5.1f}±{jerk_sd:<5.1f} {wait:5.2f}±{wait_sd:<5.2f} "
+            f"{target * 1e3:5.1f}±{target_sd * 1e3:<5.1f} "
             f"{intent * 1e3:5.2f}±{intent_sd * 1e3:<5.2f}")
     return "\n".join(lines)
 

@@ -101,9 +101,11 @@ PARAMS: tuple[ParamSpec, ...] = (
     _p("execution.action_type", "bundle",
        "what a row is: bundle (the policy's control mode; LIBERO: delta) | delta (a step the "
        "robot integrates; the gripper stays absolute) | absolute (a target)"),
-    _p("execution.delta_scale", [0.05, 0.5],
-       "delta rows: metres and radians per action unit (LIBERO OSC_POSE: 0.05 m, 0.5 rad); "
-       "the trajectory's absolute targets are integrated with it", float_list=2),
+    _p("execution.delta_scale", [0.0125, 0.11],
+       "delta rows: metres and radians the arm moves per action unit and control period; the "
+       "trajectory's absolute targets are integrated with it (LIBERO's OSC_POSE offsets its "
+       "goal by 0.05 m, 0.5 rad per unit and the arm moves about a quarter of that per 50 ms "
+       "step: 0.0125 m, 0.11 rad, measured)", float_list=2),
     _p("execution.blend", "none",
        "continuity across replans: none | crossfade | ensemble | inpaint (in the flow loop)"),
     _p("execution.overlap_s", 0.1,

@@ -68,10 +68,11 @@ def upright(image: np.ndarray) -> np.ndarray:
 class SimStep:
     """One observation of the simulator, already in the node's terms."""
 
-    #: primary (agentview) and wrist images, rotated as ``image_rotation`` says
-    images: tuple[np.ndarray, np.ndarray]
+    #: primary (agentview) and wrist images, rotated as ``image_rotation`` says (empty for
+    #: a ``LiberoSim(cameras=False)``)
+    images: tuple[np.ndarray, ...]
     #: the raw renders (OpenGL convention: upside down and mirrored)
-    raw_images: tuple[np.ndarray, np.ndarray]
+    raw_images: tuple[np.ndarray, ...]
     #: eef xyz, eef axis-angle, two finger positions (float32 [8])
     state: np.ndarray
     eef_pos: np.ndarray
@@ -225,6 +226,7 @@ class LiberoSim:
         image_rotation: str = "180",
         settle_steps: int = DEFAULT_SETTLE_STEPS,
         camera_size: int = 256,
+        cameras: bool = True,
     ) -> None:
         rotate(np.zeros((1, 1, 3), np.uint8), image_rotation)  # validate early
         if settle_steps < 0:
@@ -232,6 +234,9 @@ class LiberoSim:
         self.image_rotation = image_rotation
         self.settle_steps = int(settle_steps)
         self.camera_size = int(camera_size)
+        #: False: physics only (no renderer, observations without images), about 10x faster
+        #: per step; for measuring the arm, not for a policy that needs its cameras
+        self.cameras = bool(cameras)
         self.period_s = CONTROL_PERIOD_S
         self._thread = EnvThread()
         self._env = None
@@ -280,8 +285,14 @@ class LiberoSim:
         bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
         t = time.perf_counter()
         with contextlib.redirect_stdout(sys.stderr):
-            self._env = env_cls(bddl_file_name=bddl, camera_heights=self.camera_size,
-                                camera_widths=self.camera_size)
+            if self.cameras:
+                self._env = env_cls(bddl_file_name=bddl, camera_heights=self.camera_size,
+                                    camera_widths=self.camera_size)
+            else:
+                from libero.libero.envs.env_wrapper import ControlEnv
+
+                self._env = ControlEnv(bddl_file_name=bddl, use_camera_obs=False,
+                                       has_offscreen_renderer=False)
         self.timing["build_s"] = time.perf_counter() - t
         self._env_key = (suite, task_id)
         self._init_states = inits
@@ -327,7 +338,7 @@ class LiberoSim:
         return self._observation(obs, clipped)
 
     def _observation(self, obs, clipped: int) -> SimStep:
-        raw = tuple(np.asarray(obs[k]) for k in CAMERAS)
+        raw = tuple(np.asarray(obs[k]) for k in CAMERAS) if self.cameras else ()
         images = tuple(np.ascontiguousarray(rotate(r, self.image_rotation)) for r in raw)
         eef = np.asarray(obs["robot0_eef_pos"], np.float64).copy()
         quat = np.asarray(obs["robot0_eef_quat"], np.float64).copy()
