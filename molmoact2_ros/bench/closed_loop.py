@@ -27,7 +27,8 @@ from ..control.controller import Controller, Published, trajectory_targets
 from ..control.params import Settings
 from .closed_loop_scene import ACTION_DIM, DELTA_UNIT_M, Scene
 
-ROBOTS = ("tracking", "integrating")
+#: ``libero``: LIBERO's arm under its OSC_POSE controller (``closed_loop_libero.py``)
+ROBOTS = ("tracking", "integrating", "libero")
 #: strategies: execution.blend values, ``pigdm`` (inpaint with the ΠGDM guidance) and
 #: ``hold`` (blend none, the robot keeps the old chunk until it ends: a baseline)
 STRATEGIES = ("none", "crossfade", "ensemble", "inpaint", "pigdm", "hold")
@@ -117,10 +118,12 @@ class TrajectoryFollower:
 
 class DeltaRobot:
     """The integrating robot: on each tick the row of the newest started chunk due then is its
-    step (metres = ``DELTA_UNIT_M`` per unit on x, y, z); zero when no row is due (stop)."""
+    step (``unit_m`` metres per unit on x, y, z); zero when no row is due (stop)."""
 
-    def __init__(self, pose: np.ndarray, hold_old: bool = False) -> None:
+    def __init__(self, pose: np.ndarray, hold_old: bool = False,
+                 unit_m: float = DELTA_UNIT_M) -> None:
         self.pose = np.asarray(pose, np.float64).copy()
+        self.unit_m = float(unit_m)
         self.chunks: list[tuple[int, int, np.ndarray, int]] = []  # start, period, rows, seq
         self.hold_old = hold_old
         self.sequence = 0
@@ -133,20 +136,24 @@ class DeltaRobot:
         del self.chunks[:-2]
         return True
 
-    def sample(self, now_ns: int) -> tuple[np.ndarray, bool]:
-        """Apply this tick's step; returns (the step in metres, whether nothing was due)."""
-        row = None
+    def row(self, now_ns: int) -> np.ndarray | None:
+        """The row due on the tick ending at ``now_ns`` (None: nothing due, stop)."""
         # newest first; hold: oldest first, so the old chunk runs until its end
         for start, period, rows, seq in (self.chunks if self.hold_old else self.chunks[::-1]):
             i = -(-(now_ns - start) // period) - 1  # row i covers (start + i·P, start + (i+1)·P]
             if 0 <= i < len(rows):
-                row, self.sequence = rows[i], seq
-                break
+                self.sequence = seq
+                return rows[i]
             if i >= len(rows) and not self.hold_old:
-                break  # the newest chunk has played out: stop
+                return None  # the newest chunk has played out: stop
+        return None
+
+    def sample(self, now_ns: int) -> tuple[np.ndarray, bool]:
+        """Apply this tick's step; returns (the step in metres, whether nothing was due)."""
+        row = self.row(now_ns)
         step = np.zeros_like(self.pose)
         if row is not None:
-            step[:6] = row[:6] * DELTA_UNIT_M
+            step[:6] = row[:6] * self.unit_m
             self.pose[6] = row[6]
         self.pose[:6] += step[:6]
         self.step = step
@@ -195,24 +202,29 @@ def _intended(out: Published, unguided: np.ndarray) -> Published:
 def run_closed_loop(policy, *, blend: str, start: str, latency_ms: float, jitter_ms: float = 0.0,
                     duration_s: float = 10.0, period_s: float = 0.05, seed: int = 0,
                     overlap_s: float = 0.1, robot: str = "tracking",
-                    scene: Scene | None = None, name: str = "synthetic"):
-    """One run: returns (RunResult, Trace). ``blend`` is one of ``STRATEGIES``."""
+                    scene: Scene | None = None, name: str = "synthetic", arm=None):
+    """One run: returns (RunResult, Trace). ``blend`` is one of ``STRATEGIES``; the ``libero``
+    robot needs ``arm``, a ``LiberoSim(cameras=False)`` (reset at the start of the run)."""
     if robot not in ROBOTS:
         raise ValueError(f"robot={robot!r}; choose one of {', '.join(ROBOTS)}")
+    if robot == "libero" and arm is None:
+        raise ValueError("the libero robot needs arm=LiberoSim(cameras=False)")
     scene = scene or Scene()
     clock = SimClock()
     timed = _Timed(policy, clock, latency_ms, jitter_ms, seed)
     action_type = getattr(policy, "action_type", "absolute")
-    if robot == "integrating" and action_type != "delta":
-        raise ValueError("the integrating robot needs delta chunks")
+    if robot != "tracking" and action_type != "delta":
+        raise ValueError(f"the {robot} robot needs delta chunks")
+    unit_m = float(getattr(policy, "delta_unit_m", DELTA_UNIT_M))
+    unit_rad = float(getattr(policy, "delta_unit_rad", 0.5))
     settings = Settings().with_changes({
         "bundle.grid_sampler": ".", "instruction": "track the target", "trigger": "chunk_consumed",
         "control_period_s": period_s, "max_observation_age_s": 3600.0,
         "execution.start": start, "execution.overlap_s": overlap_s,
         "execution.blend": {"pigdm": "inpaint", "hold": "none"}.get(blend, blend),
         "execution.inpaint_method": "pigdm" if blend == "pigdm" else "pull",
-        # the simulated robots move DELTA_UNIT_M per unit; the tracking robot's targets too
-        "execution.delta_scale": [DELTA_UNIT_M, 0.5],
+        # the robots move the policy's unit per unit; the tracking robot's targets too
+        "execution.delta_scale": [unit_m, unit_rad],
     })
     inflight: list[Published] = []
     ctl = Controller(settings, publish=inflight.append, policy_factory=lambda s: timed,
@@ -222,10 +234,17 @@ def run_closed_loop(policy, *, blend: str, start: str, latency_ms: float, jitter
     timed.running = True
     period_ns = int(round(period_s * 1e9))
     hold = blend == "hold"
-    follower = (TrajectoryFollower(np.zeros(ACTION_DIM)) if robot == "tracking"
-                else DeltaRobot(np.zeros(ACTION_DIM), hold_old=hold))
-    intent = (TrajectoryFollower(np.zeros(ACTION_DIM)) if robot == "tracking"
-              else DeltaRobot(np.zeros(ACTION_DIM)))
+    if robot == "tracking":
+        follower, intent = TrajectoryFollower(np.zeros(ACTION_DIM)), TrajectoryFollower(
+            np.zeros(ACTION_DIM))
+    elif robot == "integrating":
+        follower = DeltaRobot(np.zeros(ACTION_DIM), hold_old=hold, unit_m=unit_m)
+        intent = DeltaRobot(np.zeros(ACTION_DIM), unit_m=unit_m)
+    else:
+        from .closed_loop_libero import LiberoArm
+
+        follower = LiberoArm(arm, hold_old=hold, unit_m=unit_m, seed=seed)
+        intent = DeltaRobot(follower.pose, unit_m=unit_m)
     held: list[Published] = []  # hold baseline (tracking robot): chunks waiting for the old end
     unguided = getattr(policy, "unguided", {})
     commands, poses, waiting, intent_err, target_err, switch_ticks = [], [], [], [], [], []

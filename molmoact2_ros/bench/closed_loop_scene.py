@@ -6,7 +6,7 @@ velocity field of a Gaussian over chunks (mean: the tracking plan; covariance: a
 shared by all rows plus a smooth wiggle). Like a real flow policy, two chunks from nearby
 observations differ, so switches jump unless they are reconciled; and rows are correlated, so
 inpainting the first rows moves the rest consistently. With ``action_type="delta"`` (LIBERO's
-kind) the same Gaussian is mapped to per-tick steps in controller units (``DELTA_UNIT_M``
+kind) the same Gaussian is mapped to per-tick steps in controller units (``delta_unit_m``
 metres per unit) and sampled there, so inpainting works on the steps as the real model does.
 """
 
@@ -21,7 +21,7 @@ from ..bundle.conventions import Conventions
 from ..host.flow import InpaintGuidance, run_flow
 from ..policy import ActionChunk, Observation
 
-DELTA_UNIT_M = 0.05  # LIBERO OSC_POSE: metres per action unit
+DELTA_UNIT_M = 0.05  # the integrating robot's metres per action unit (OSC_POSE's goal offset)
 IMAGE_PX = 64
 VIEW_M = 0.25  # the camera sees x, y in [-VIEW_M, VIEW_M]
 ACTION_DIM = 7
@@ -113,7 +113,7 @@ class TargetTrackingPolicy:
 
     Plan: row i = p + (g − p)·(1 − exp(−(i+1)·period/τ)) for the target g seen in the image
     and the robot p in the state. Sample: ``run_flow`` over the Gaussian's exact velocity field;
-    delta chunks are the plan's differences (from p) in units of ``DELTA_UNIT_M``. With
+    delta chunks are the plan's differences (from p) in units of ``delta_unit_m``. With
     guidance the unguided sample from the same noise is kept in ``unguided[stamp]``.
     """
 
@@ -132,8 +132,14 @@ class TargetTrackingPolicy:
         tau_s: float = 0.3,
         action_type: str = "absolute",
         inpaint_method: str | None = None,
+        delta_unit_m: float = DELTA_UNIT_M,
+        delta_unit_rad: float | None = None,
     ) -> None:
         self.horizon, self.period_s, self.flow_steps = horizon, period_s, flow_steps
+        #: delta rows: metres and radians the robot moves per unit (the LIBERO arm:
+        #: execution.delta_scale); the synthetic robots take one scale for both
+        self.delta_unit_m = float(delta_unit_m)
+        self.delta_unit_rad = float(delta_unit_m if delta_unit_rad is None else delta_unit_rad)
         self.action_type = action_type
         self.inpaint_method = inpaint_method  # overrides the guidance's method (bench)
         self.tau_s = tau_s
@@ -144,13 +150,15 @@ class TargetTrackingPolicy:
             # sized so that their sum over the chunk spreads as the absolute plan's offset
             cov_m = ((offset_sigma_m / horizon) ** 2 * np.ones((horizon, horizon))
                      + (wiggle_sigma_m / horizon) ** 2 * wiggle)
-            scale_m = DELTA_UNIT_M
+            scale_m = self.delta_unit_m
         else:
             cov_m = (offset_sigma_m ** 2 * np.ones((horizon, horizon))
                      + wiggle_sigma_m ** 2 * wiggle)
         self.scale_m = scale_m  # metres per normalised flow unit
         #: published rows per flow unit: metres (absolute) or controller units (delta: 1)
-        self.action_scale = 1.0 if action_type == "delta" else scale_m
+        self.action_scale = np.full(ACTION_DIM, 1.0 if action_type == "delta" else scale_m)
+        if action_type == "delta":  # the rotation rows in radians per unit, not metres
+            self.action_scale[3:6] = self.delta_unit_m / self.delta_unit_rad
         self.cov = cov_m / scale_m**2 + 1e-6 * np.eye(horizon)
         self._pad = np.zeros((1, ACTION_DIM), np.float32)
         self._conv = Conventions(euler_in_graph=False)

@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from ..bench.closed_loop import ROBOTS, STRATEGIES, format_table, run_closed_loop, write_plot
-from ..bench.closed_loop_scene import SCENES, TargetTrackingPolicy, make_scene
+from ..bench.closed_loop_scene import DELTA_UNIT_M, SCENES, TargetTrackingPolicy, make_scene
 from ..bench.runtime import HOST_REPEATS, bench_variant, format_record
 from ..bundle.bundle import resolve_bundles
 from ..bundle.variants import VARIANTS
 from ..control.execution import START_MODES
-from ..control.params import MAX_FLOW_STEPS, SEED_MAX
+from ..control.params import MAX_FLOW_STEPS, SEED_MAX, Settings
 from ..util.optional import require
 from ..util.progress import counter
 from .args import check_paths, example, float_in, int_at_least, int_in
@@ -160,10 +160,14 @@ def cmd_scale_out(args: argparse.Namespace) -> int:
 
 
 def make_policy(kind: str, args: argparse.Namespace, seed: int, horizon: int,
-                folder: Path | None = None):
+                folder: Path | None = None, robot: str = "tracking"):
     if kind == "synthetic":
+        # on LIBERO's arm the rows are in its units: the motion execution.delta_scale gives
+        unit_m, unit_rad = (Settings()["execution.delta_scale"] if robot == "libero"
+                            else (DELTA_UNIT_M, None))
         return TargetTrackingPolicy(horizon, args.period_ms / 1e3, seed=seed,
-                                    action_type=args.action_type)
+                                    action_type=args.action_type, delta_unit_m=unit_m,
+                                    delta_unit_rad=unit_rad)
     from ..policy import Policy
 
     return Policy.load(folder, kind, backend="onnx", instruction="track the target", seed=seed)
@@ -175,10 +179,23 @@ def cmd_closed_loop(args: argparse.Namespace) -> int:
         else {}
     if args.plot:
         require("matplotlib", "bench --closed-loop --plot")
+    robots = [r for r in args.robots if r == "tracking" or args.action_type == "delta"]
+    arm = None
+    if "libero" in robots:
+        from ..sim.libero_env import LiberoSim
+
+        arm = LiberoSim(settle_steps=10, cameras=False)  # refuses without the sim extra
+    try:
+        return _closed_loop_runs(args, bundles, robots, arm)
+    finally:
+        if arm is not None:
+            arm.close()
+
+
+def _closed_loop_runs(args: argparse.Namespace, bundles: dict, robots: list[str], arm) -> int:
     started = time.perf_counter()
     results, plots = [], {}
     kinds = ["synthetic", *bundles]
-    robots = [r for r in args.robots if r == "tracking" or args.action_type == "delta"]
     for kind, scene in ((k, s) for k in kinds for s in args.scenes):
         horizons = args.horizons if kind == "synthetic" else [0]
         for robot in robots:
@@ -189,14 +206,14 @@ def cmd_closed_loop(args: argparse.Namespace) -> int:
                         for blend in args.blends:
                             for seed in range(args.seed, args.seed + args.seeds):
                                 policy = make_policy(kind, args, seed, horizon,
-                                                     bundles.get(kind))
+                                                     bundles.get(kind), robot)
                                 try:
                                     result, trace = run_closed_loop(
                                         policy, blend=blend, start=start, latency_ms=latency,
                                         jitter_ms=args.jitter_ms, duration_s=args.duration_s,
                                         period_s=args.period_ms / 1e3, seed=seed, name=kind,
                                         overlap_s=args.overlap_ms / 1e3, robot=robot,
-                                        scene=make_scene(scene, seed))
+                                        scene=make_scene(scene, seed), arm=arm)
                                 finally:
                                     policy.close()
                                 results.append(result)
@@ -208,7 +225,8 @@ def cmd_closed_loop(args: argparse.Namespace) -> int:
           f"execution.overlap_s={args.overlap_ms / 1e3:g}; {args.action_type} chunks of "
           f"{', '.join(str(h) for h in args.horizons)} rows; mean ± sd over {args.seeds} seeds, "
           "whole run from t = 0; max step: largest tick-to-tick change of the command "
-          "(tracking: target position, integrating: its step), jerk of the executed path, "
+          "(tracking: target position, integrating and libero: its commanded step), jerk of the "
+          "executed path, "
           "intent against the unguided sample from the same noise (inpainting) or the rows "
           "before blending")
     print(format_table(results), flush=True)
@@ -249,9 +267,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "a LIBERO task's phases) and/or lissajous (a target that keeps moving)")
     g.add_argument("--start", nargs="+", choices=START_MODES, default=["auto"],
                    help="execution.start modes to compare")
-    g.add_argument("--robots", nargs="+", choices=ROBOTS, default=list(ROBOTS),
-                   help="tracking (follows the JointTrajectory) and/or integrating (applies "
-                   "delta rows)")
+    g.add_argument("--robots", nargs="+", choices=ROBOTS, default=["tracking", "integrating"],
+                   help="tracking (follows the JointTrajectory), integrating (applies delta "
+                   "rows), libero (LIBERO's arm under its OSC_POSE controller, physics only; "
+                   "the sim extra, about 10 s per run)")
     g.add_argument("--action-type", choices=("delta", "absolute"), default="delta",
                    help="what the synthetic policy's rows are (LIBERO: delta)")
     g.add_argument("--duration-s", type=float_in(0.0, 3600.0, low_open=True), default=20.0,
