@@ -202,9 +202,11 @@ def _intended(out: Published, unguided: np.ndarray) -> Published:
 def run_closed_loop(policy, *, blend: str, start: str, latency_ms: float, jitter_ms: float = 0.0,
                     duration_s: float = 10.0, period_s: float = 0.05, seed: int = 0,
                     overlap_s: float = 0.1, robot: str = "tracking",
-                    scene: Scene | None = None, name: str = "synthetic", arm=None):
+                    scene: Scene | None = None, name: str = "synthetic", arm=None,
+                    changes: dict | None = None):
     """One run: returns (RunResult, Trace). ``blend`` is one of ``STRATEGIES``; the ``libero``
-    robot needs ``arm``, a ``LiberoSim(cameras=False)`` (reset at the start of the run)."""
+    robot needs ``arm``, a ``LiberoSim(cameras=False)`` (reset at the start of the run);
+    ``changes``: node parameters over the bench's (e.g. ``execution.inpaint_beta``)."""
     if robot not in ROBOTS:
         raise ValueError(f"robot={robot!r}; choose one of {', '.join(ROBOTS)}")
     if robot == "libero" and arm is None:
@@ -225,6 +227,7 @@ def run_closed_loop(policy, *, blend: str, start: str, latency_ms: float, jitter
         "execution.inpaint_method": "pigdm" if blend == "pigdm" else "pull",
         # the robots move the policy's unit per unit; the tracking robot's targets too
         "execution.delta_scale": [unit_m, unit_rad],
+        **(changes or {}),
     })
     inflight: list[Published] = []
     ctl = Controller(settings, publish=inflight.append, policy_factory=lambda s: timed,
