@@ -127,7 +127,8 @@ def test_configure_activate_and_publish_both_outputs(rig, tiny_root):
     assert chunk.action_type == "delta"
     positions = np.array([p.positions for p in traj.points])
     state = np.asarray(state, np.float32).astype(np.float64)
-    np.testing.assert_allclose(positions[:, :3], state[:3] + 0.05 * np.cumsum(
+    unit_m = PARAMS_BY_NAME["execution.delta_scale"].default[0]  # metres per unit and step
+    np.testing.assert_allclose(positions[:, :3], state[:3] + unit_m * np.cumsum(
         actions[:, :3].astype(np.float64), axis=0), atol=1e-5)
     np.testing.assert_allclose(positions[:, 6], actions[:, 6], atol=1e-6)
     # execution.start=receipt: zero header stamp (start when first sampled), nothing due yet

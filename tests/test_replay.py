@@ -61,11 +61,13 @@ def test_round_trip_matches_every_chunk(tiny_root, tmp_path, capsys, variant_nam
                  if c.topic == TRAJECTORY_TOPIC]
     first = g.chunks[FIRST_NS].astype(np.float64)
     # the tiny bundles are LIBERO-like (delta rows): the trajectory carries the end-effector
-    # targets integrated from the observed state, 0.05 m per unit; the gripper as commanded
+    # targets integrated from the observed state, execution.delta_scale metres per unit; the
+    # gripper as commanded
     positions = np.array([p.positions for p in trajs[0].points])
     state = np.asarray(tr["state"], np.float32).astype(np.float64)
+    unit_m = Settings()["execution.delta_scale"][0]
     np.testing.assert_allclose(positions[:, :3],
-                               state[:3] + 0.05 * np.cumsum(first[:, :3], axis=0), atol=1e-6)
+                               state[:3] + unit_m * np.cumsum(first[:, :3], axis=0), atol=1e-6)
     np.testing.assert_allclose(positions[:, 6], first[:, 6], atol=1e-6)
     assert trajs[0].points[-1].time_from_start.nanosec == 500_000_000  # 10 x 50 ms
 
