@@ -96,9 +96,10 @@ def test_closed_loop_resolves_bundles_like_every_command(tiny_root, tmp_path, ca
     # a variant's own folder, as parity, demo, replay and doctor take it
     assert main(["bench", "--closed-loop", "--bundle-root", str(tiny_root / "lp_vtp_sd"),
                  "--latencies-ms", "300", "--duration-s", "1", "--blends", "none",
-                 "--seeds", "1", "--robots", "tracking", "--horizons", "10"]) == 0
+                 "--seeds", "1", "--robots", "tracking", "--horizons", "10",
+                 "--scenes", "waypoints"]) == 0
     out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.startswith("tracking ")]
+    rows = [line for line in out.splitlines() if line.startswith("waypoints  tracking ")]
     assert len(rows) == 2  # the synthetic policy and the lp_vtp_sd bundle
     assert out.splitlines()[-1].startswith("bench --closed-loop: 2 runs (synthetic, lp_vtp_sd;")
 
