@@ -23,7 +23,7 @@ from ..bundle.variants import VARIANTS
 from ..control.execution import START_MODES
 from ..control.params import MAX_FLOW_STEPS, SEED_MAX, Settings
 from ..util.optional import require
-from ..util.progress import counter
+from ..util.progress import counter, progress
 from .args import check_paths, example, float_in, int_at_least, int_in
 
 
@@ -196,30 +196,25 @@ def _closed_loop_runs(args: argparse.Namespace, bundles: dict, robots: list[str]
     started = time.perf_counter()
     results, plots = [], {}
     kinds = ["synthetic", *bundles]
-    for kind, scene in ((k, s) for k in kinds for s in args.scenes):
-        horizons = args.horizons if kind == "synthetic" else [0]
-        for robot in robots:
-            for horizon in horizons:
-                for start in args.start:
-                    for latency in args.latencies_ms:
-                        traces = {}
-                        for blend in args.blends:
-                            for seed in range(args.seed, args.seed + args.seeds):
-                                policy = make_policy(kind, args, seed, horizon,
-                                                     bundles.get(kind), robot)
-                                try:
-                                    result, trace = run_closed_loop(
-                                        policy, blend=blend, start=start, latency_ms=latency,
-                                        jitter_ms=args.jitter_ms, duration_s=args.duration_s,
-                                        period_s=args.period_ms / 1e3, seed=seed, name=kind,
-                                        overlap_s=args.overlap_ms / 1e3, robot=robot,
-                                        scene=make_scene(scene, seed), arm=arm)
-                                finally:
-                                    policy.close()
-                                results.append(result)
-                                if seed == args.seed:
-                                    traces[blend] = trace
-                        plots[(kind, scene, robot, horizon, start, latency)] = traces
+    runs = [(kind, scene, robot, horizon, start, latency, blend, seed)
+            for kind in kinds for scene in args.scenes for robot in robots
+            for horizon in (args.horizons if kind == "synthetic" else [0])
+            for start in args.start for latency in args.latencies_ms for blend in args.blends
+            for seed in range(args.seed, args.seed + args.seeds)]
+    for kind, scene, robot, horizon, start, latency, blend, seed in progress(
+            runs, "closed loop", label=lambda r: f"{r[1]} {r[2]} {r[5]:g} ms {r[6]} seed {r[7]}"):
+        policy = make_policy(kind, args, seed, horizon, bundles.get(kind), robot)
+        try:
+            result, trace = run_closed_loop(
+                policy, blend=blend, start=start, latency_ms=latency, jitter_ms=args.jitter_ms,
+                duration_s=args.duration_s, period_s=args.period_ms / 1e3, seed=seed,
+                name=kind, overlap_s=args.overlap_ms / 1e3, robot=robot,
+                scene=make_scene(scene, seed), arm=arm)
+        finally:
+            policy.close()
+        results.append(result)
+        if seed == args.seed:
+            plots.setdefault((kind, scene, robot, horizon, start, latency), {})[blend] = trace
     print(f"closed loop: {args.duration_s:g} s per run, control period {args.period_ms:g} ms, "
           f"latency jitter ±{args.jitter_ms:g} ms, trigger chunk_consumed with "
           f"execution.overlap_s={args.overlap_ms / 1e3:g}; {args.action_type} chunks of "
