@@ -2,18 +2,19 @@
 
 The real ``Controller`` runs the policy asynchronously on a virtual clock with a configured
 latency (+ jitter) and the chunk_consumed trigger; the scene's observation depends on where
-the robot is. Two robots: ``tracking`` follows the published JointTrajectory (absolute targets,
-delta chunks integrated from the observed pose) with the timing rules of ros2_control's
+the robot is. Three robots: ``tracking`` follows the published JointTrajectory (absolute
+targets, delta chunks integrated from the observed pose) with the timing rules of ros2_control's
 joint_trajectory_controller (linear interpolation between points, the zero stamp = start at
 the first sample, hold the last point); ``integrating`` applies each delta row as its step on
-its tick and stops (zero step) when no row is due, as LIBERO's OSC_POSE controller is driven.
+its tick and stops (zero step) when no row is due, as LIBERO's OSC_POSE controller is driven;
+``libero`` sends the rows to LIBERO's arm itself (``closed_loop_libero.py``).
 
 Judged over the whole run from t = 0 (a robot that never moves cannot score well): the largest
-tick-to-tick change of what the robot is commanded (tracking: its target position; integrating:
-its step, i.e. its velocity), jerk of the executed path, time with nothing to execute, target
-error, and intent error against what the policy meant: the *unguided* sample from the same
-noise (inpainting) or its rows before blending (crossfade, ensemble). ``hold`` is a
-baseline that keeps executing the old chunk over the whole overlap.
+tick-to-tick change of what the robot is commanded (tracking: its target position; integrating
+and libero: its step, i.e. its velocity), jerk of the executed path, time with nothing to
+execute, target error, and intent error against what the policy meant: the *unguided* sample
+from the same noise (inpainting) or its rows before blending (crossfade, ensemble). ``hold`` is
+a baseline that keeps executing the old chunk over the whole overlap.
 """
 
 from __future__ import annotations
