@@ -35,6 +35,17 @@ def tiny_root(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def libero_arm():
+    """LIBERO physics only (no renderer), one env per module: for measuring the arm."""
+    pytest.importorskip("libero")
+    from molmoact2_ros.sim.libero_env import LiberoSim
+
+    sim = LiberoSim(settle_steps=10, cameras=False)
+    yield sim
+    sim.close()
+
+
 @pytest.fixture(params=["grid_sampler", "lp_vtp_sd", "fused"])
 def variant_name(request) -> str:
     return request.param

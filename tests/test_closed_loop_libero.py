@@ -13,21 +13,13 @@ from molmoact2_ros.bench.closed_loop_libero import LiberoArm  # noqa: E402
 from molmoact2_ros.bench.closed_loop_scene import TargetTrackingPolicy, make_scene  # noqa: E402
 from molmoact2_ros.control.chunk_io import Published  # noqa: E402
 from molmoact2_ros.control.params import Settings  # noqa: E402
-from molmoact2_ros.sim.libero_env import LiberoSim  # noqa: E402
 
 MS = 1_000_000
 UNIT_M, UNIT_RAD = Settings()["execution.delta_scale"]
 
 
-@pytest.fixture(scope="module")
-def arm():
-    sim = LiberoSim(settle_steps=10, cameras=False)
-    yield sim
-    sim.close()
-
-
-def test_rows_drive_the_arm_on_their_ticks_then_it_stops(arm):
-    robot = LiberoArm(arm, unit_m=UNIT_M)
+def test_rows_drive_the_arm_on_their_ticks_then_it_stops(libero_arm):
+    robot = LiberoArm(libero_arm, unit_m=UNIT_M)
     rows = np.tile(np.array([0.6, 0, 0, 0, 0, 0, -1], np.float32), (10, 1))
     robot.accept(Published(None, rows, 1, None, Settings(), 0, 0, 0, 0, 0,
                            action_type="delta"), 0)
@@ -41,13 +33,13 @@ def test_rows_drive_the_arm_on_their_ticks_then_it_stops(arm):
     assert np.linalg.norm(robot.pose[3:6]) < 0.05  # orientation kept (radians)
 
 
-def test_a_run_on_the_arm_tracks_the_waypoints(arm):
+def test_a_run_on_the_arm_tracks_the_waypoints(libero_arm):
     scene = make_scene("waypoints", 0)
     policy = TargetTrackingPolicy(10, seed=0, action_type="delta", delta_unit_m=UNIT_M,
                                   delta_unit_rad=UNIT_RAD)
     result, trace = run_closed_loop(policy, blend="crossfade", start="auto", latency_ms=100,
                                     jitter_ms=30, duration_s=5.0, robot="libero", scene=scene,
-                                    arm=arm)
+                                    arm=libero_arm)
     assert result.robot == "libero" and result.switches >= 8
     # where the arm ends: near the second waypoint (from 2.5 s on), far from where it started
     # (measured: 0.20 of the way off); the orientation held (measured: at most 0.04 rad)
@@ -58,7 +50,7 @@ def test_a_run_on_the_arm_tracks_the_waypoints(arm):
         run_closed_loop(policy, blend="none", start="auto", latency_ms=100, robot="libero")
 
 
-def test_on_the_arm_at_300_ms_crossfade_halves_the_largest_step(arm):
+def test_on_the_arm_at_300_ms_crossfade_halves_the_largest_step(libero_arm):
     # the acceptance on LIBERO's own controller where it holds (docs/execution.md has
     # the whole table): waypoint scene, 10-row delta chunks, 3 seeds of 20 s. Measured:
     # largest step 0.40 of none's, target error +5 %, the same waiting.
@@ -68,7 +60,7 @@ def test_on_the_arm_at_300_ms_crossfade_halves_the_largest_step(arm):
             TargetTrackingPolicy(10, seed=seed, action_type="delta", delta_unit_m=UNIT_M,
                                  delta_unit_rad=UNIT_RAD),
             blend=blend, start="auto", latency_ms=300, jitter_ms=30, duration_s=20.0,
-            seed=seed, robot="libero", scene=make_scene("waypoints", seed), arm=arm)[0]
+            seed=seed, robot="libero", scene=make_scene("waypoints", seed), arm=libero_arm)[0]
             for seed in (0, 1, 2)]
 
     def mean(blend, name):

@@ -5,7 +5,6 @@ retries, resume after an interrupt, and one-line refusals."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -20,8 +19,10 @@ from replay_helpers import obs_bag, run_cli, trace
 
 ray = pytest.importorskip("ray")
 
+from ray_helpers import local_ray  # noqa: E402
+
 from molmoact2_ros.cli.replay_many import check_bag, close_worker, setup_worker  # noqa: E402
-from molmoact2_ros.cluster.connect import NICENESS_ENV, ClusterError, is_address  # noqa: E402
+from molmoact2_ros.cluster.connect import ClusterError, is_address  # noqa: E402
 from molmoact2_ros.cluster.fanout import Job, Resources, fan_out  # noqa: E402
 from molmoact2_ros.replay.fleet import pair_bags, without_timing  # noqa: E402
 from molmoact2_ros.util.ledger import LedgerWriter, read_ledger  # noqa: E402
@@ -52,14 +53,8 @@ def ray_session():
     process may be left."""
     threads = set(threading.enumerate())
     children = _children()
-    # workers at this process's priority, as cluster("local") starts them: at Ray's default
-    # nice 15 a busy CI machine starves the actors for many minutes
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv(NICENESS_ENV, str(os.nice(0)))
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.WARNING)
-        yield ray
-        ray.shutdown()
+    with local_ray() as session:
+        yield session
     deadline = time.monotonic() + WAIT_S
     while True:
         left = _children() - children

@@ -5,7 +5,6 @@ ledger line per episode, and a resume after an interrupt."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import threading
@@ -17,8 +16,9 @@ import pytest
 ray = pytest.importorskip("ray")
 pytest.importorskip("libero")
 
+from ray_helpers import local_ray  # noqa: E402
+
 from molmoact2_ros.cli.app import main  # noqa: E402
-from molmoact2_ros.cluster.connect import NICENESS_ENV  # noqa: E402
 
 #: generous: each actor builds its own env on a busy 2-core machine
 WAIT_S = 900.0
@@ -29,14 +29,8 @@ RUN = ["libero", "--suite", "libero_spatial", "--tasks", "0,1", "--episodes", "1
 @pytest.fixture(scope="module")
 def ray_session():
     threads = set(threading.enumerate())
-    # workers at this process's priority, as cluster("local") starts them: at Ray's default
-    # nice 15 a busy CI machine starves the actors for many minutes
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv(NICENESS_ENV, str(os.nice(0)))
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.WARNING)
-        yield ray
-        ray.shutdown()
+    with local_ray() as session:
+        yield session
     deadline = time.monotonic() + 120
     while True:
         extra = [t.name for t in threading.enumerate() if t not in threads and t.is_alive()

@@ -13,23 +13,16 @@ pytest.importorskip("libero")
 from molmoact2_ros.control.chunk_io import Published, trajectory_targets  # noqa: E402
 from molmoact2_ros.control.delta import rotvec_to_matrix  # noqa: E402
 from molmoact2_ros.control.params import Settings  # noqa: E402
-from molmoact2_ros.sim.libero_env import LiberoSim  # noqa: E402
 
 SUITE, TASK = "libero_spatial", 0
 OPEN = -1.0
 
 
-@pytest.fixture(scope="module")
-def arm():
-    sim = LiberoSim(settle_steps=10, cameras=False)
-    yield sim
-    sim.close()
-
-
 def _hold(sim, rows):
     """Reset, then play ``rows`` (LIBERO actions); the 8-D state before and after each."""
-    states = [sim.reset(SUITE, TASK, 0).state.astype(np.float64)]
-    assert sim.reset(SUITE, TASK, 0).images == ()  # physics only
+    first = sim.reset(SUITE, TASK, 0)
+    assert first.images == ()  # physics only
+    states = [first.state.astype(np.float64)]
     for row in rows:
         states.append(sim.step(row).state.astype(np.float64))
     return np.asarray(states)
@@ -41,12 +34,12 @@ def _angle(a, b):
 
 
 @pytest.mark.parametrize("dim", [0, 1, 2, 3, 4, 5])
-def test_one_unit_moves_the_arm_by_the_default_delta_scale(arm, dim):
+def test_one_unit_moves_the_arm_by_the_default_delta_scale(libero_arm, dim):
     scale_m, scale_rad = Settings()["execution.delta_scale"]
     u, n = 0.3, 20
     row = np.zeros(7)
     row[dim], row[6] = u, OPEN
-    s = _hold(arm, [row] * n)
+    s = _hold(libero_arm, [row] * n)
     late = slice(n // 2, n)  # the arm has reached its steady speed
     if dim < 3:
         per_step = np.diff(s[:, dim])[late].mean() / u
@@ -60,10 +53,10 @@ def test_one_unit_moves_the_arm_by_the_default_delta_scale(arm, dim):
         assert per_step == pytest.approx(scale_rad, rel=0.25), (dim, per_step)
 
 
-def test_the_trajectory_of_a_delta_chunk_ends_where_libero_puts_the_arm(arm):
+def test_the_trajectory_of_a_delta_chunk_ends_where_libero_puts_the_arm(libero_arm):
     # a 10-row chunk from rest, the way a new chunk starts after a stop
     rows = np.tile(np.array([0.5, -0.3, 0.2, 0.0, 0.0, 0.0, OPEN], np.float32), (10, 1))
-    s = _hold(arm, rows)
+    s = _hold(libero_arm, rows)
     settings = Settings().with_changes({"execution.action_type": "delta"})
     out = Published(None, rows, 1, None, settings, 0, 0, 0, 0, 0, action_type="delta",
                     base_pose=s[0, :6])

@@ -21,7 +21,7 @@ from ..bench.runtime import HOST_REPEATS, bench_variant, format_record
 from ..bundle.bundle import resolve_bundles
 from ..bundle.variants import VARIANTS
 from ..control.execution import START_MODES
-from ..control.params import MAX_FLOW_STEPS, SEED_MAX, Settings
+from ..control.params import MAX_FLOW_STEPS, PARAMS_BY_NAME, SEED_MAX
 from ..util.optional import require
 from ..util.progress import counter, progress
 from .args import check_paths, example, float_in, int_at_least, int_in
@@ -163,8 +163,8 @@ def make_policy(kind: str, args: argparse.Namespace, seed: int, horizon: int,
                 folder: Path | None = None, robot: str = "tracking"):
     if kind == "synthetic":
         # on LIBERO's arm the rows are in its units: the motion execution.delta_scale gives
-        unit_m, unit_rad = (Settings()["execution.delta_scale"] if robot == "libero"
-                            else (DELTA_UNIT_M, None))
+        unit_m, unit_rad = (PARAMS_BY_NAME["execution.delta_scale"].default
+                            if robot == "libero" else (DELTA_UNIT_M, None))
         return TargetTrackingPolicy(horizon, args.period_ms / 1e3, seed=seed,
                                     action_type=args.action_type, delta_unit_m=unit_m,
                                     delta_unit_rad=unit_rad)

@@ -322,14 +322,12 @@ def preprocess(
     # are per thread), each writing its own slice of ``out``. The calling thread takes the
     # first camera itself: one hand-off less, which matters when the cores are busy.
     # with MOLMOACT2_THREADS=1 (a Ray actor of one CPU) every camera runs on this thread
+    rest = range(1, len(checked))
     side_by_side = threads_from_env() != 1
-    others = [_camera_pool().submit(one_camera, cam) for cam in range(1, len(checked))
-              if side_by_side]
+    others = [_camera_pool().submit(one_camera, cam) for cam in rest] if side_by_side else []
     try:
-        one_camera(0)
-        if not side_by_side:
-            for cam in range(1, len(checked)):
-                one_camera(cam)
+        for cam in [0] if side_by_side else [0, *rest]:
+            one_camera(cam)
     finally:
         for future in others:
             future.result()
