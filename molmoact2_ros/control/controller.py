@@ -1,8 +1,10 @@
-"""Everything the node does that needs no ROS: lifecycle effects, parameter handling, the
-newest-only observation slot with staleness, triggers, one-at-a-time inference, the
-background session swap with rollback, output safety and the numbers diagnostics report.
+"""Everything the node does that needs no ROS, in one class: lifecycle effects, the inputs
+(stamps, the newest-only slot, staleness) and one-at-a-time inference.
 
-``node.py`` (rclpy) and ``replay.py`` (rosbag files) both drive this class.
+Its decisions live beside it, one file each, as mixins sharing its state: ``trigger.py``
+(when to infer), ``publish.py`` (what a predicted chunk becomes: timing, blending, safety,
+targets), ``swap.py`` (parameter changes and session swaps) and ``health.py`` (what
+diagnostics say). ``node.py`` (rclpy), ``replay.py`` (rosbag files) and ``sim/`` drive it.
 """
 
 from __future__ import annotations
@@ -29,38 +31,26 @@ from .chunk_io import (  # noqa: F401  (re-exported: node.py and replay.py impor
     trajectory_message_fields,
     trajectory_targets,
 )
-from .execution import (
-    Executing,
-    LatencyTracker,
-    auto_uses_observation,
-    blend,
-    chunk_timing,
-    delta_dims,
-    inpaint_guidance,
-    resolve_action_type,
-    takeover_reference,
+from .execution import Executing, LatencyTracker, resolve_action_type
+from .health import (  # noqa: F401  (re-exported: readers import them here)
+    NO_OVERLAP_WARN_CHUNKS,
+    STALL_MESSAGE,
+    STALL_PERIODS,
+    HealthReport,
 )
 from .params import Settings, validate_changes
-from .safety import UnsafeChunk, apply_safety
+from .publish import PublishControl
 from .stamps import StampGate, describe_jump
 from .swap import ACTIVE, FINALIZED, INACTIVE, UNCONFIGURED, SettingsControl
 from .sync import ApproxTimeSync, NewestSlot
+from .trigger import MIN_EXPECTED_PERIOD_S, TriggerControl  # noqa: F401  (re-exported)
 
 __all__ = ["ACTIVE", "FINALIZED", "INACTIVE", "UNCONFIGURED", "Controller", "Published",
            "chunk_message_fields", "trajectory_message_fields"]
 log = logging.getLogger("molmoact2_ros.control.controller")
-#: Watchdog: nothing published for this many expected periods while inputs arrive is a WARN,
-#: three times as many an ERROR (diagnostics name the largest drop counter).
-STALL_PERIODS = 10
-#: How the watchdog's status message begins (readers count stalls by it).
-STALL_MESSAGE = "nothing published for"
-#: The shortest expected period the watchdog assumes (on_observation has no period of its own).
-MIN_EXPECTED_PERIOD_S = 0.1
-#: chunks in a row without an overlap (blend set) before diagnostics warn
-NO_OVERLAP_WARN_CHUNKS = 5
 
 
-class Controller(SettingsControl):
+class Controller(TriggerControl, PublishControl, HealthReport, SettingsControl):
     """ROS-free core of the policy node."""
 
     def __init__(
@@ -321,25 +311,6 @@ class Controller(SettingsControl):
         """An input could not be turned into an observation; count it under its reason."""
         self.drops[reason] += 1
 
-    def tick(self) -> None:
-        """Timer hook (node timer or replay clock) for the rate and chunk_consumed triggers;
-        it also restarts the inference thread if it ended and watches the clock."""
-        now = self._watch_clock()
-        self._ensure_thread()
-        trigger = self.settings["trigger"]
-        if trigger == "rate":
-            if now - self._last_tick_ns >= 1e9 / self.settings["rate_hz"]:
-                self._last_tick_ns = now
-                self._wake.set()
-        elif trigger == "chunk_consumed":
-            if self._chunk_started_ns is None:
-                self._wake.set()
-                return
-            horizon_s = self._chunk_rows * self.settings["control_period_s"]
-            remaining = horizon_s - (now - self._chunk_started_ns) / 1e9
-            if remaining <= self.latency_estimate_s + self.settings["execution.overlap_s"]:
-                self._wake.set()
-
     # -- inference -------------------------------------------------------------------------------
     def _loop(self) -> None:
         """The inference thread: any error is caught, counted and reported; it never ends
@@ -369,13 +340,6 @@ class Controller(SettingsControl):
         if self._running and thread is not None and not thread.is_alive():
             self.counts["inference_thread_restarts"] += 1
             self._start_thread()
-
-    def inference_requested(self) -> bool:
-        """Whether ``tick`` or ``on_observation`` asked for a chunk since the last call (and
-        clear it): drivers without the inference thread (the simulator) poll this."""
-        requested = self._wake.is_set()
-        self._wake.clear()
-        return requested
 
     def thread_alive(self) -> bool:
         """False when the inference thread should run but does not."""
@@ -429,124 +393,8 @@ class Controller(SettingsControl):
             finally:
                 if self.health[0] == "error" and self.health[1].startswith("runtime failed"):
                     self._recover()
-        ready = self._clock()
-        period_ns = int(round(settings["control_period_s"] * 1e9))
-        horizon = chunk.actions.shape[0]
-        self._record_latency((self._monotonic() - received_mono) / 1e9, ready - received,
-                             jumps_before, horizon * period_ns / 1e9)
-        timing = chunk_timing(settings["execution.start"], chunk.observation_stamp_ns, ready,
-                              period_ns, horizon,
-                              next_latency_ns=int(self.latency_estimate_s * 1e9),
-                              overlap_ns=int(settings["execution.overlap_s"] * 1e9))
-        self._in_past = timing.first_future_index >= horizon
-        if self._in_past:
-            self.drops["chunk_in_past"] += 1
-            self._log_throttled(logging.WARNING, "chunk_in_past", (
-                f"chunk ready {(ready - timing.start_ns) / 1e9:.3f} s after its observation: "
-                "every action is already due, not published; lower the latency or set "
-                "execution.start=auto"))
-            return None
-        mask = delta_dims(action_type, settings["action_names"])
-        prev = None if self._executing is None else self._executing.on_grid(period_ns)
-        blended = blend(settings["execution.blend"], chunk.actions, prev,
-                        timing.start_ns, timing.first_future_index,
-                        ramp=settings["execution.crossfade_ramp"],
-                        decay=settings["execution.ensemble_decay"])
-        lower, upper, delta = settings.limits()
-        try:
-            actions, report = apply_safety(
-                blended.actions, lower=lower, upper=upper, max_step_delta=delta,
-                previous=takeover_reference(prev, timing.start_ns, timing.first_future_index),
-                first_row=timing.first_future_index, delta=mask,
-            )
-        except UnsafeChunk as exc:
-            self.drops["non_finite"] += 1
-            self.health = ("error", str(exc))
-            return None
-        if report.clamped:
-            self.counts["clamped_chunks"] += 1
-        self._sequence += 1
-        published = Published(
-            chunk, actions, self._sequence, report, settings, received, ready,
-            timing.start_ns, timing.trajectory_stamp_ns, timing.first_future_index,
-            action_type=action_type,
-            base_pose=self._base_pose(obs, prev, timing, action_type),
-            start_mode=timing.mode,
-            inpaint_frozen_rows=0 if guidance is None else int(guidance.frozen_rows),
-            inpaint_weights=None if guidance is None else np.asarray(guidance.weights).copy(),
-            inpaint_method="" if guidance is None else guidance.method)
-        self.last_latency_ms = dict(chunk.latency_ms)
-        self._last_action = actions[-1].copy()
-        self._chunk_started_ns = timing.start_ns
-        self._chunk_rows = actions.shape[0]
-        self._executing = Executing(actions.copy(), timing.start_ns, period_ns, blended.counts,
-                                    mask)
-        self._targets = trajectory_targets(published) if mask is not None else None
-        overlapped = blended.overlap_rows > 0 or guidance is not None
-        self._no_overlap = 0 if overlapped or prev is None else self._no_overlap + 1
-        self.last_switch = {
-            "first_future_index": timing.first_future_index,
-            "overlap_rows": blended.overlap_rows,
-            "boundary_jump": blended.boundary_jump,
-            "start_mode": timing.mode,
-            "inpaint_frozen_rows": published.inpaint_frozen_rows,
-            "inpaint_weights": ("" if guidance is None else
-                                ",".join(f"{w:.3g}" for w in np.asarray(guidance.weights))),
-        }
-        self.counts["published"] += 1
-        self._last_output_ns = ready
-        if self.health[0] != "ok" and "swap" not in self.health[1]:
-            self.health = ("ok", "")
-        self._publish(published)
-        return published
-
-    def _guidance(self, settings: Settings, stamp_ns: int, received_ns: int):
-        """Inpaint guidance for the next chunk from the executing one (blend=inpaint), on the
-        timing the chunk is expected to get (auto: decided from the latency estimate)."""
-        if settings["execution.blend"] != "inpaint" or self._executing is None:
-            return None
-        latency_ns = int(self.latency_estimate_s * 1e9)
-        ready_estimate = received_ns + latency_ns
-        period_ns = int(round(settings["control_period_s"] * 1e9))
-        horizon = self._executing.actions.shape[0]  # the same variant: swaps reset _executing
-        mode = settings["execution.start"]
-        if mode == "auto":
-            mode = "observation" if auto_uses_observation(
-                ready_estimate - stamp_ns, period_ns, horizon, latency_ns,
-                int(settings["execution.overlap_s"] * 1e9)) else "receipt"
-        start = stamp_ns if mode == "observation" else ready_estimate
-        return inpaint_guidance(self._executing, start, ready_estimate, horizon,
-                                period_ns=period_ns,
-                                schedule=settings["execution.inpaint_schedule"],
-                                method=settings["execution.inpaint_method"],
-                                beta=settings["execution.inpaint_beta"])
-
-    def _record_latency(self, monotonic_s: float, clock_ns: int, jumps_before: int,
-                        cap_s: float) -> None:
-        """One latency sample on the monotonic clock; dropped when the node's clock jumped
-        (or went back) during the inference; the estimate is the window's p95 in [0, cap]."""
-        jumped = self.counts["clock_resets"] + self.counts["clock_jumps_forward"] != jumps_before
-        # the node clock disagreeing with the monotonic one by more than a sim-time rate
-        # could explain is a jump seen first here (one inference apart)
-        jumped = jumped or clock_ns < 0 or abs(clock_ns / 1e9 - monotonic_s) > max(
-            1.0, monotonic_s)
-        if jumped or not self._latency.add(monotonic_s):
-            self.counts["latency_samples_dropped"] += 1
-        else:
-            self.latency_estimate_s = self._latency.estimate(cap_s)
-
-    def _base_pose(self, obs, prev: Executing | None, timing, action_type: str):
-        """Delta chunks: the pose their targets are integrated from; the observation's, or on
-        receipt timing the executing chunk's target at the new start (where the robot is
-        meant to be when the new rows begin)."""
-        if action_type != "delta":
-            return None
-        pose = np.asarray(obs.state, np.float64).reshape(-1)[:6].copy()
-        if timing.mode == "receipt" and prev is not None and self._targets is not None:
-            reached = prev.row_offset(timing.start_ns) - 1
-            if reached >= 0:
-                pose = self._targets[min(reached, len(self._targets) - 1), :6].copy()
-        return pose
+        return self._publish_chunk(chunk, obs, settings, action_type, guidance, received,
+                                   received_mono, jumps_before)
 
     def _recover(self) -> None:
         """Restart the runtime after a worker failure; the next observation runs on it."""
@@ -573,100 +421,3 @@ class Controller(SettingsControl):
         if isinstance(exc, RuntimeBackendError):
             self.health = ("error", f"runtime failed: {exc}")
         self._log_throttled(logging.ERROR, type(exc).__name__, f"inference skipped: {exc}")
-
-    # -- diagnostics -----------------------------------------------------------------------------
-    def diagnostics(self) -> dict[str, Any]:
-        """Plain data for /diagnostics: status level, message and key values."""
-        s = self.settings
-        values: dict[str, Any] = {
-            "lifecycle_state": self.state,
-            "variant": s["variant"],
-            "backend": s["backend"],
-            **{f"context_suffix.{g}": v or '""' for g, v in s.suffixes().items()},
-            "flow_steps": getattr(self.policy, "flow_steps", s.flow_steps()),
-            "trigger": s["trigger"],
-            "runtime_loaded": self.policy is not None,
-            "observation_age_s": round(self.last_observation_age_s, 4),
-            "latency_estimate_s": round(self.latency_estimate_s, 4),
-            "latency_max_s": round(self._latency.maximum(), 4),
-            "execution.start": s["execution.start"],
-            "execution.blend": s["execution.blend"],
-            "execution.action_type": s["execution.action_type"],
-            **{f"last_switch.{k}": round(v, 6) if isinstance(v, float) else v
-               for k, v in self.last_switch.items()},
-        }
-        if self.last_clock_event:
-            values["last_clock_event"] = self.last_clock_event
-        drops = Counter(self.drops)
-        sync_drops = self._sync_drops_before + (
-            self._sync.dropped_out_of_order if self._sync is not None else 0)
-        if sync_drops:
-            drops["sync_out_of_order"] = sync_drops
-        values.update({f"count.{k}": v for k, v in sorted(self.counts.items())})
-        values.update({f"drop.{k}": v for k, v in sorted(drops.items())})
-        values.update({f"latency_ms.{k}": round(v, 3) for k, v in self.last_latency_ms.items()})
-        load_stats = getattr(getattr(self.policy, "pipeline", None), "load_stats", None)
-        for worker, st in (load_stats() if callable(load_stats) else {}).items():
-            values[f"load_s.{worker}"] = round(float(st.get("load_s", 0.0)), 3)
-            values[f"peak_rss_mib.{worker}"] = round(float(st.get("peak_rss_mib", 0.0)), 1)
-        level, message = self.health
-        stall = self._stall(drops)
-        if stall is not None and level != "error":
-            level, message = stall
-        elif not self.thread_alive():
-            level = "error"
-            message = "inference thread is not running; restarting it on the next tick"
-        elif level == "ok" and not s["instruction"]:
-            level, message = "warn", "no instruction: set the 'instruction' parameter"
-        elif level == "ok" and self._in_past:
-            level, message = "warn", (
-                f"the last chunk was entirely due when ready (latency > chunk duration; "
-                f"{self.drops['chunk_in_past']} so far): set execution.start=auto or "
-                "execution.start=receipt")
-        elif level == "ok" and self._no_overlap >= NO_OVERLAP_WARN_CHUNKS \
-                and s["execution.blend"] != "none":
-            level, message = "warn", (
-                f"execution.blend={s['execution.blend']} but the last {self._no_overlap} chunks "
-                "met no executing rows to blend with: raise execution.overlap_s or use "
-                "trigger=chunk_consumed")
-        elif level == "ok" and self.drops.get("stale"):
-            message = f"{self.drops['stale']} stale observations skipped"
-        return {"level": level, "message": message or "running", "values": values}
-
-    def expected_period_s(self) -> float:
-        """How often a chunk should come out with the current trigger (watchdog's unit)."""
-        s = self.settings
-        if s["trigger"] == "rate":
-            period = 1.0 / s["rate_hz"]
-        elif s["trigger"] == "chunk_consumed":
-            period = max(self._chunk_rows, 1) * s["control_period_s"]
-        else:
-            period = 0.0
-        return max(period, self.latency_estimate_s, MIN_EXPECTED_PERIOD_S)
-
-    def _stall(self, drops: Counter) -> tuple[str, str] | None:
-        """Watchdog: inputs kept arriving for ``STALL_PERIODS`` expected periods after the last
-        publish and still arrive (WARN; three times as long: ERROR), naming the largest drop
-        counter. Inputs that stopped soon after the last publish (a sim reset between episodes,
-        a sensor going away) are not a stall, however long the clock runs on."""
-        if self.state != ACTIVE or self._swapping or self._last_output_ns is None \
-                or self._last_input_ns is None:
-            return None
-        now = self._clock()
-        period_ns = self.expected_period_s() * 1e9
-        silent_ns = now - self._last_output_ns
-        if silent_ns < 0:  # the clock went back: the new time line is the baseline
-            self._last_output_ns = now
-            self._last_input_ns = min(self._last_input_ns, now)
-            return None
-        arriving_ns = self._last_input_ns - self._last_output_ns
-        if arriving_ns < STALL_PERIODS * period_ns or \
-                now - self._last_input_ns > STALL_PERIODS * period_ns:
-            return None
-        worst = max(drops.items(), key=lambda kv: kv[1], default=None)
-        why = (f"largest drop counter: drop.{worst[0]}={worst[1]}" if worst else
-               "no drops counted; check the trigger and the input topics")
-        level = "error" if arriving_ns >= 3 * STALL_PERIODS * period_ns else "warn"
-        return level, (f"{STALL_MESSAGE} {silent_ns / 1e9:.1f} s "
-                       f"({silent_ns / period_ns:.0f} expected periods) while inputs arrive; "
-                       + why)
