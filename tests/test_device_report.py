@@ -12,7 +12,7 @@ import pytest
 from htp_helpers import ensure_contexts, fake_env
 
 from molmoact2_ros.cli.app import main
-from molmoact2_ros.cli.device_report import STEPS, failed
+from molmoact2_ros.firstrun.report import STEPS, failed
 
 HARDWARE = {"doctor platform", "doctor libcdsprpc.so", "doctor FastRPC devices"}
 QUANT = "_w4a16"
@@ -158,7 +158,7 @@ def test_an_interrupted_run_leaves_its_finished_sections_on_disk(tiny_root, tmp_
     """Written before the first section and after each: a crash mid-run loses only the
     section that was running."""
     pytest.importorskip("onnxruntime")
-    from molmoact2_ros.cli.device_report import ReportFiles, build_report
+    from molmoact2_ros.firstrun.report import ReportFiles, build_report
 
     ensure_contexts(tiny_root)
     fake_env(monkeypatch)

@@ -63,7 +63,7 @@ def test_a_context_that_does_not_load(tiny_root, monkeypatch, capsys):
 
 def test_numpy_2_under_humble_is_named_with_the_pin():
     """pip pulls numpy 2 with qai-appbuilder (numpy>=1.22); Humble's cv_bridge needs numpy 1."""
-    from molmoact2_ros.cli.doctor import check_numpy_for_ros
+    from molmoact2_ros.firstrun.machine import check_numpy_for_ros
 
     bad = check_numpy_for_ros("2.2.6", {"ROS_DISTRO": "humble"})
     assert bad.status == "FAIL" and "numpy>=1.22,<2" in bad.fix

@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ros", "node", "msg"),  # msg: the messages colcon generates into the package
     ("cluster",),
     ("bench",),
+    ("firstrun",),
     ("cli",),
 ]
 RANK = {unit: i for i, units in enumerate(LAYERS) for unit in units}
@@ -76,6 +77,14 @@ def _exists(module: str) -> bool:
 
 def package_files() -> list[Path]:
     return sorted(p for p in PKG.rglob("*.py") if "msg" not in p.relative_to(PKG).parts[:1])
+
+
+def test_first_contact_layer_never_imports_the_command_line():
+    """firstrun/ holds doctor's checks and the device report; cli/ only parses and prints."""
+    found = [f"{p.relative_to(PKG.parent)}:{line} imports {t}"
+             for p in sorted((PKG / "firstrun").rglob("*.py")) for line, t in imports_of(p)
+             if _unit(t) == "cli"]
+    assert found == []
 
 
 def test_every_unit_has_a_layer():

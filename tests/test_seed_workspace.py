@@ -95,7 +95,7 @@ def seed_001(tiny_root, dest, *, final_action=None):
 
 def test_seed_workspace_as_shipped_gives_a_complete_report(tiny_root, tmp_path, monkeypatch,
                                                            capsys):
-    from molmoact2_ros.cli.device_report import failed
+    from molmoact2_ros.firstrun.report import failed
 
     ensure_contexts(tiny_root)
     fake_env(monkeypatch)
