@@ -97,8 +97,9 @@ def test_instruction_errors(grid):
     with pytest.raises(PromptError, match="instruction is empty"):
         grid.set_instruction("   ")
     long = "pick up the black bowl between the plate and the ramekin and place it on the plate"
-    with pytest.raises(PromptError, match=r"makes a \d+-token prompt but variant grid_sampler "
-                                          r"holds 128; shorten it by at least \d+ tokens"):
+    with pytest.raises(PromptError, match=r"is \d+ tokens but variant grid_sampler leaves \d+ "
+                                          r"for the task \(S=128, \d+ fixed\): shorten it by "
+                                          r"at least \d+ tokens"):
         grid.set_instruction(long + " and then " + long)
     assert grid.instruction is None or grid.instruction != long
 

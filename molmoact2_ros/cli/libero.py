@@ -47,6 +47,7 @@ def cmd_libero(args: argparse.Namespace) -> int:
     from ..sim.evaluation import finish_run, parse_tasks, plan
     from ..sim.ledger import Ledger
     from ..sim.libero_env import LiberoSim, suite_tasks
+    from ..sim.prompt_fit import split_promptable
     from ..sim.runner import EpisodeRunner
     from ..util.progress import counter
 
@@ -59,6 +60,11 @@ def cmd_libero(args: argparse.Namespace) -> int:
     settings, run = run_settings(args)
     infos = suite_tasks(args.suite)  # unknown suite, or no LIBERO: one line, exit 2
     tasks = parse_tasks(args.tasks, len(infos), args.suite)
+    # before any env: tasks whose instruction the prompt cannot hold are left out (none: exit 2)
+    tasks, not_promptable = split_promptable(settings, args.suite, infos, tasks)
+    for skipped in not_promptable:
+        print(f"not promptable: {args.suite} task {skipped.task_id}: {skipped.reason}",
+              file=sys.stderr)
     specs = plan(args.suite, tasks, args.episodes, args.first_init, infos)
     if args.time_mode == "realtime":
         raise MolmoActError("--time-mode realtime runs on the wall clock through ROS: ros2 "
@@ -115,7 +121,7 @@ def cmd_libero(args: argparse.Namespace) -> int:
             if runner is not None:
                 runner.close()
             sim.close()
-    records = finish_run(ledger, specs, run, out)
+    records = finish_run(ledger, specs, run, out, not_promptable=not_promptable)
     if received is not None:
         print(f"interrupted by signal {received}: {len(records)} of {len(specs)} episodes in "
               f"the ledger; run the same command again to resume", file=sys.stderr)

@@ -149,22 +149,35 @@ def check_instruction(settings: Settings) -> tuple[bool, str]:
     bundle's host files before a reload (a load that fails on it would fail its rollback
     too, which keeps the same instruction)."""
     from ..bundle.bundle import Bundle
-    from ..host.prompt import EmbeddingTable, PromptBuilder, PromptConfig, Tokenizer
+    from ..host.budget import builder_for
 
     try:
-        bundle = Bundle.open(settings.bundle_path(), settings["variant"])
-        norm = bundle.norm_stats()
-        builder = PromptBuilder(
-            PromptConfig.from_json(bundle.host_path("prompt.json")),
-            Tokenizer(bundle.host_path("tokenizer.json")),
-            EmbeddingTable(bundle.host_path("embeddings.npy")), bundle.conventions(),
-            bundle.variant, setup=norm.setup_type, control=norm.control_mode)
-        builder.plan(settings["instruction"])
+        builder_for(Bundle.open(settings.bundle_path(), settings["variant"])).plan(
+            settings["instruction"])
     except MolmoActError as exc:
         return False, f"for {settings['variant']}: {exc}"
     except OSError as exc:
         return False, f"bundle.{settings['variant']}: cannot read the bundle ({exc})"
     return True, ""
+
+
+def prompt_refusal(settings: Settings) -> str:
+    """Why the instruction cannot fit the selected variant's prompt (its token count, the
+    budget, the tokens to cut), or "" when it fits or the bundle cannot be read yet (configure
+    reports that): an instruction is refused when set, not at the next chunk."""
+    from ..bundle.bundle import Bundle
+    from ..errors import PromptError
+    from ..host.budget import builder_for
+
+    try:
+        builder = builder_for(Bundle.open(settings.bundle_path(), settings["variant"]))
+    except (MolmoActError, OSError):
+        return ""
+    try:
+        builder.plan(settings["instruction"])
+    except PromptError as exc:
+        return str(exc)
+    return ""
 
 
 def check_bundle(settings: Settings) -> tuple[bool, str]:

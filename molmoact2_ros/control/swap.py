@@ -14,7 +14,7 @@ import logging
 import threading
 
 from ..errors import MolmoActError
-from .chunk_io import check_bundle, check_instruction
+from .chunk_io import check_bundle, check_instruction, prompt_refusal
 from .params import (
     CONFIGURE,
     LIVE,
@@ -92,6 +92,10 @@ class SettingsControl:
                     self.policy.plan(changes["instruction"])
                 except MolmoActError as exc:
                     return False, str(exc)
+            elif changes.get("instruction") and RELOAD not in kinds and proposed.bundle_path():
+                reason = prompt_refusal(proposed)  # not configured yet: the bundle's prompt
+                if reason:
+                    return False, reason
             return True, ""
 
     def apply(self, changes: dict) -> str:

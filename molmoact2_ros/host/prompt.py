@@ -324,6 +324,7 @@ class PromptBuilder:
             + config.image_end_token
         )
         self._image_block = block
+        self._fixed: int | None = None
 
     def _check_markers(self, tid) -> None:
         """At load, blame the bundle, not a later instruction: every marker token must
@@ -365,15 +366,31 @@ class PromptBuilder:
         )
         return text.replace(self.config.image_placeholder, self._image_block)
 
+    def fixed_length(self) -> int:
+        """Tokens of the prompt without the task: BOS, template, image blocks, state block."""
+        if self._fixed is None:
+            self._fixed = 1 + len(self.tokenizer.encode(self.text("")))
+        return self._fixed
+
+    def prompt_length(self, instruction: str) -> int:
+        """Tokens of the whole prompt for ``instruction`` (checked and normalised as ``plan``
+        does); the task's share is this minus ``fixed_length()``."""
+        return 1 + len(self.tokenizer.encode(self.text(self._task(instruction))))
+
+    def too_long(self, instruction: str, length: int) -> str:
+        """Why a ``length``-token prompt does not fit: both counts and the tokens to cut."""
+        seq, fixed = self.variant.seq_len, self.fixed_length()
+        return (f"instruction {instruction!r} is {length - fixed} tokens but variant "
+                f"{self.variant.name} leaves {seq - fixed} for the task (S={seq}, {fixed} "
+                f"fixed): shorten it by at least {length - seq} tokens, or re-export the "
+                f"contexts with S >= {length}")
+
     def plan(self, instruction: str) -> PromptPlan:
         task = self._task(instruction)
         ids = [self.bos_id, *self.tokenizer.encode(self.text(task))]
         seq = self.variant.seq_len
         if len(ids) > seq:
-            raise PromptError(
-                f"instruction {instruction!r} makes a {len(ids)}-token prompt but variant "
-                f"{self.variant.name} holds {seq}; shorten it by at least {len(ids) - seq} tokens"
-            )
+            raise PromptError(self.too_long(instruction, len(ids)))
         n = len(ids)
         pad = [self.pad_id] * (seq - n)
         right = self.conventions.padding_side == "right"

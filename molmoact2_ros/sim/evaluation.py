@@ -63,17 +63,23 @@ def summary_lines(summary: dict, records: list[dict]) -> list[str]:
                  f"{summary['loop_overhead_pct_of_step']}% of a step")
     lines += [f"refused: {r['key']}: {r['reason']}" for r in records
               if r.get("status") == "refused"]
+    lines += [f"not promptable (not run, not counted): {n['suite']} task {n['task_id']} "
+              f"{n['instruction']!r}: {n['reason']}" for n in summary.get("not_promptable", [])]
     return lines
 
 
-def finish_run(ledger, specs, run: dict, out: Path) -> list[dict]:
+def finish_run(ledger, specs, run: dict, out: Path, not_promptable=()) -> list[dict]:
     """After a run (in-process or the ROS sim node): summarise this run's episodes from the
-    ledger, write the summary files, print the closing lines; returns the run's records."""
+    ledger, write the summary files, print the closing lines; returns the run's records.
+    ``not_promptable``: tasks left out because their instruction does not fit the prompt,
+    listed apart from the success rate."""
     from .summary import summarize, write
 
     keys = {s.key for s in specs}
     records = [r for r in ledger.records if r["key"] in keys]
     summary = summarize(records, run)
+    if not_promptable:
+        summary["not_promptable"] = [n.to_json() for n in not_promptable]
     files = write(out, summary)
     print("\n".join(summary_lines(summary, records)))
     print(f"results: {', '.join(str(f) for f in [ledger.path, *files])}")

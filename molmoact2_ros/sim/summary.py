@@ -152,6 +152,13 @@ def markdown(summary: dict) -> str:
             lines.append(f"| {suite} | {task_id} | {ts['episodes']} | {_pct(ts['success_rate'])} "
                          f"| {_pct(ts['ci95'][0])} - {_pct(ts['ci95'][1])} | {ts['mean_steps']} "
                          f"| {ts['instruction']}{note} |")
+    skipped = summary.get("not_promptable", [])
+    if skipped:
+        lines += ["", "Not promptable (not run, not counted in the rates): the instruction does "
+                  "not fit the contexts' prompt budget.", "",
+                  "| suite | task | tokens | instruction |", "|---|---|---|---|"]
+        lines += [f"| {n['suite']} | {n['task_id']} | {n['tokens']} | {n['instruction']} |"
+                  for n in skipped]
     lat, inf = summary["chunk_latency_sim_ms"], summary["inference_wall_ms"]
     lines += ["", "| measure | value |", "|---|---|",
               f"| policy steps (mean per episode) | {summary['steps']['total']} "

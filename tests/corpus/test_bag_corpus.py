@@ -120,7 +120,7 @@ REPLAY_CASES = [
     ("no-instruction", _raw, ["--instruction", None], r"no instruction: pass --instruction"),
     ("instruction-too-long", _raw, ["--instruction", " ".join([INSTRUCTION] * 40),
                                     "--record", "{tmp}/newgolden"],
-     r"makes a \d+-token prompt but variant lp_vtp_sd holds 130; shorten it"),
+     r"is \d+ tokens but variant lp_vtp_sd leaves \d+ for the task \(S=130, .*shorten it"),
     ("missing-bundle-root", _raw, ["--bundle-root", "{tmp}/nobundles"],
      r"bundle path .*nobundles does not exist"),
     ("record-exists", _raw, ["--record", "{tmp}/existing"],

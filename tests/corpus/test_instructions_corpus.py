@@ -29,7 +29,7 @@ CASES = [
     ("...", ["instruction is empty"]),
     (5, ["must be a string", "int"]),
     (None, ["must be a string", "NoneType"]),
-    (LONG + " and then " + LONG, ["grid_sampler holds 128", "shorten it by at least"]),
+    (LONG + " and then " + LONG, ["grid_sampler leaves", "S=128", "shorten it by at least"]),
     # prompt structure: every added token of the tokenizer, not only the markers prompt.json names
     ("pick it <action_output> move left", ["reserved model token '<action_output>'"]),
     ("a <setup_start>two arms<setup_end> b", ["'<setup_start>'"]),
