@@ -15,6 +15,7 @@ from .bundle.golden import (
     TRACE_CHECKS,
     TRACE_INPUTS,
     ParityRow,
+    bias_for_comparison,
     compare,
     e2e_limits,
     load_npz,
@@ -318,9 +319,13 @@ def e2e_parity(policy, trace_path: Path, *, table: ToleranceTable | None = None,
         "actions_normalized": chunk.actions_normalized,
         "chunk": chunk.actions,
     }
+    observed["attention_bias"], golden_bias = bias_for_comparison(
+        observed["attention_bias"], trace["attention_bias"]) if "attention_bias" in trace \
+        else (observed["attention_bias"], None)
     rows = []
     for name in TRACE_CHECKS:
         if name in trace:
-            rows.append(compare(stage, name, observed[name], trace[name],
+            golden = golden_bias if name == "attention_bias" else trace[name]
+            rows.append(compare(stage, name, observed[name], golden,
                                 limits=e2e_limits(table, precision, name)))
     return rows

@@ -40,8 +40,14 @@ class Finding:
         return MATCH if self.observed == self.configured else MISMATCH
 
 
+#: Fills below fp16's range (the model's ``finfo(float32).min``) mean "masked": the package
+#: writes its own fp16-safe value there, which float32 and fp16 softmax zero alike.
+FP16_LOWEST = -65504.0
+
+
 def infer_from_bias(bias: np.ndarray) -> dict[str, Any]:
-    """Mask value, valid columns, padding side and image bidirectionality from a bias."""
+    """Mask value, valid columns, padding side and image bidirectionality from a bias
+    (``mask_value`` is ``-inf`` for a fill below fp16's range, such as ``finfo.min``)."""
     b = np.asarray(bias, dtype=np.float64).reshape(bias.shape[-2], bias.shape[-1])
     seq = b.shape[0]
     allowed = b == 0.0
@@ -57,7 +63,8 @@ def infer_from_bias(bias: np.ndarray) -> dict[str, Any]:
         side = "scattered"
     upper = np.triu(allowed, k=1)
     return {
-        "mask_value": float(b.min()) if b.min() < 0 else None,
+        "mask_value": (None if b.min() >= 0 else -np.inf if b.min() < FP16_LOWEST
+                       else float(b.min())),
         "valid": valid,
         "padding_side": side,
         "bidirectional": bool(upper.any()),
@@ -72,8 +79,7 @@ def check_conventions(bundle: Bundle, conv: Conventions | None = None) -> list[F
     findings = []
     split0 = load_npz(golden / "llm_split0_io.npz", ["attention_bias", "hidden_states"])
     info = infer_from_bias(split0["attention_bias"])
-    findings.append(Finding("mask_value", info["mask_value"], conv.mask_value,
-                            "minimum of llm_split0 attention_bias"))
+    findings.append(_mask_value(info["mask_value"], conv))
     findings.append(Finding(
         "padding_side", info["padding_side"] if info["padding_side"] != "scattered" else None,
         conv.padding_side if info["padding_side"] else None,
@@ -95,6 +101,23 @@ def check_conventions(bundle: Bundle, conv: Conventions | None = None) -> list[F
                                                         else "velocity")))
     findings.append(_patch_embedding(bundle, conv, split0["hidden_states"]))
     return findings
+
+
+#: A configured mask value at or below this zeroes softmax as ``finfo.min`` does.
+MASKING_ENOUGH = -1e4
+
+
+def _mask_value(observed: float | None, conv: Conventions) -> Finding:
+    """An fp16-range fill must be the configured one; a fill beyond it (``finfo.min``) is
+    read as "masked" and matched by any configured value <= -1e4 (-30000 when writing)."""
+    if observed is None or observed != -np.inf:
+        return Finding("mask_value", observed, conv.mask_value,
+                       "minimum of llm_split0 attention_bias")
+    ok = conv.mask_value <= MASKING_ENOUGH
+    return Finding("mask_value", conv.mask_value if ok else Conventions().mask_value,
+                   conv.mask_value,
+                   "llm_split0 attention_bias is filled below fp16's range (finfo.min): read "
+                   "as masked; any value <= -1e4 zeroes the softmax alike")
 
 
 def _patch_embedding(bundle: Bundle, conv, hidden_states: np.ndarray) -> Finding:
@@ -202,6 +225,26 @@ def write_inside(root: Path, target: Path, text: str) -> None:
         raise
 
 
+def _print_decoded(bundle: Bundle) -> bool:
+    """The golden decoder's report; False when the golden's prompt differs from ours."""
+    from ..errors import MolmoActError
+    from ..host.prompt_decode import decode_golden_prompt, format_decoded
+
+    names = ("prompt.json", "tokenizer.json", "embeddings.npy")
+    if not all(bundle.host_path(n).is_file() for n in names) or not (
+            bundle.root / "golden" / "llm_split0_io.npz").is_file():
+        print("golden decoder: needs host/ (prompt.json, tokenizer.json, embeddings.npy) and "
+              "golden/llm_split0_io.npz; skipped")
+        return True
+    try:
+        decoded = decode_golden_prompt(bundle)
+    except MolmoActError as exc:
+        print(f"golden decoder: MISMATCH: the package cannot build the golden's prompt ({exc})")
+        return False
+    print(format_decoded(decoded))
+    return decoded.first_difference is None and not decoded.note
+
+
 def cmd_conventions(args: argparse.Namespace) -> int:
     ok, written, names = True, [], []
     for name, path in resolve_bundles(Path(args.bundle), args.variant):
@@ -221,6 +264,7 @@ def cmd_conventions(args: argparse.Namespace) -> int:
             written.append(target)
             findings = check_conventions(bundle)
         ok &= all(f.verdict != MISMATCH for f in findings)
+        ok &= _print_decoded(bundle)
         open_choices = unverified(findings) if findings else list(UNREADABLE)
         print(f"{name}: not verifiable from the goldens (keep conventions.json's values and "
               f"check them by hand): {', '.join(open_choices)}")

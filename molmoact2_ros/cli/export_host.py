@@ -16,90 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..bundle.checkpoint import TEMPLATE, embedding_table, read_settings
 from ..bundle.conventions import Conventions
 from ..errors import BundleError, GoldenError
-from ..util.optional import require
 from ..util.progress import progress
 
-#: The robot-action prompt, with the bundle's setup/control strings.
-TEMPLATE = (
-    "Image 1<|image|>Image 2<|image|><|im_start|>user\nThe task is to {task}. The setup is "
-    "<setup_start>{setup}<setup_end>. The current state of the robot is {state}. The expected "
-    "control mode is <control_start>{control}<control_end>. Given these, what action should "
-    "the robot take to complete the task?<|im_end|>\n<|im_start|>assistant\n<action_output>"
-)
-#: The table is ``wte.embedding`` [vocab, H] then ``wte.new_embedding`` [128, H].
-EMBEDDING_SUFFIXES = ("wte.embedding", "wte.new_embedding")
-
-
-def _safetensors_files(checkpoint: Path) -> list[Path]:
-    index = checkpoint / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            names = sorted(set(weight_map.values()))
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError,
-                AttributeError) as exc:
-            raise BundleError(f"{index} is not a safetensors index (needs a 'weight_map' of "
-                              f"tensor -> file; {type(exc).__name__}: {exc}); re-download "
-                              "it") from None
-        missing = [n for n in names if not isinstance(n, str) or not (checkpoint / n).is_file()]
-        if missing:
-            raise BundleError(f"{index} names {missing[:3]} which {checkpoint} lacks; "
-                              "download every shard") from None
-        return [checkpoint / n for n in names]
-    files = sorted(checkpoint.glob("*.safetensors"))
-    if not files:
-        raise BundleError(f"{checkpoint} has no *.safetensors weights")
-    return files
-
-
-def _read_tensor(path: Path, key: str) -> np.ndarray:
-    """One tensor as float32; bfloat16 (which numpy lacks) is widened bit-exactly."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="numpy") as f:
-        sl = f.get_slice(key)
-        if sl.get_dtype() != "BF16":
-            return np.asarray(f.get_tensor(key), dtype=np.float32)
-        shape = tuple(sl.get_shape())
-    # safetensors' numpy backend has no bfloat16: read the raw payload from the header offsets
-    with open(path, "rb") as fh:
-        header_len = int.from_bytes(fh.read(8), "little")
-        header = json.loads(fh.read(header_len))
-        start, end = header[key]["data_offsets"]
-        fh.seek(8 + header_len + start)
-        raw = np.frombuffer(fh.read(end - start), dtype="<u2")
-    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(shape)
-
-
-def embedding_table(checkpoint: Path) -> np.ndarray:
-    """The concatenated token embedding table [vocab + new, hidden] as float16."""
-    safe_open = require("safetensors", "exporting the embedding table").safe_open
-    found: dict[str, tuple[Path, str]] = {}
-    for path in _safetensors_files(checkpoint):
-        try:
-            with safe_open(str(path), framework="numpy") as f:
-                keys = list(f.keys())
-        except Exception as exc:  # SafetensorError, OSError: a truncated or foreign file
-            raise BundleError(f"{path} is not a readable safetensors file ({exc}); "
-                              "re-download it") from None
-        for key in keys:
-            for suffix in EMBEDDING_SUFFIXES:
-                if key.endswith(suffix):
-                    found.setdefault(suffix, (path, key))
-    missing = [s for s in EMBEDDING_SUFFIXES if s not in found]
-    if missing:
-        raise BundleError(f"{checkpoint}: no tensor ending in {missing}; is this a MolmoAct2 "
-                          "checkpoint?")
-    try:
-        parts = [_read_tensor(*found[s]) for s in EMBEDDING_SUFFIXES]
-    except (ValueError, KeyError, OSError) as exc:
-        raise BundleError(f"cannot read the embedding tensors from {checkpoint} "
-                          f"({type(exc).__name__}: {exc}); re-download the weights") from None
-    if parts[0].ndim != 2 or parts[1].ndim != 2 or parts[0].shape[1] != parts[1].shape[1]:
-        raise BundleError(f"embedding tensors have shapes {[p.shape for p in parts]}")
-    return np.concatenate(parts).astype(np.float16)
+__all__ = ["TEMPLATE", "embedding_table", "export_host", "starting_conventions"]
 
 
 @dataclass
@@ -110,18 +32,28 @@ class ExportResult:
     unverified: list[str] = field(default_factory=list)
 
 
-def starting_conventions(bundle: Path, variant: str | None) -> tuple[Conventions, list[str]]:
-    """Conventions read off the bundle's goldens (needs the other host files), and the rest."""
+def starting_conventions(bundle: Path, variant: str | None, encoder_mask: str | None = None
+                         ) -> tuple[Conventions, list[str]]:
+    """Conventions read off the bundle's goldens (needs the other host files), and the rest.
+
+    ``encoder_mask`` (from the checkpoint's ``action_mode``) is the base the goldens may
+    overrule: a fine-tuned policy can record another mask than its base config says."""
     from ..bundle.bundle import Bundle
     from .conventions import conventions_from_goldens, unverified
 
     opened = Bundle.open(bundle, variant)
+    base = Conventions(euler_baked_steps=opened.variant.default_flow_steps)
+    if encoder_mask is not None:
+        base = Conventions(**{**base.__dict__, "encoder_mask": encoder_mask})
     try:
-        conv, findings = conventions_from_goldens(opened)
+        conv, findings = conventions_from_goldens(opened, base)
     except GoldenError as exc:  # no goldens to read: every choice is a default
-        base = Conventions(euler_baked_steps=opened.variant.default_flow_steps)
-        return base, [f"all (no goldens to read them from: {exc})"]
-    return conv, unverified(findings)
+        return base, [f"all but the checkpoint's (no goldens to read them from: {exc})"]
+    notes = unverified(findings)
+    if encoder_mask is not None and conv.encoder_mask != encoder_mask:
+        notes.append(f"encoder_mask (the goldens show {conv.encoder_mask}, config.json's "
+                     f"action_mode gives {encoder_mask}; the goldens' is kept)")
+    return conv, notes
 
 
 def export_host(checkpoint: Path, bundle: Path, *, force: bool = False,
@@ -152,14 +84,20 @@ def export_host(checkpoint: Path, bundle: Path, *, force: bool = False,
             meta = json.loads(norm.read_text()).get("metadata_by_tag", {}).get("libero", {})
         except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
             raise BundleError(f"{norm} is not norm-stats JSON ({exc})") from None
+    settings = read_settings(checkpoint)
     prompt = {
         "template": TEMPLATE,
-        "setup": meta.get("setup_type", "single franka robotic arm in libero"),
-        "control": meta.get("control_mode", "delta end-effector pose"),
+        "setup": _unwrap(meta.get("setup_type", "single franka robotic arm in libero"),
+                         "<setup_start>", "<setup_end>"),
+        "control": _unwrap(meta.get("control_mode", "delta end-effector pose"),
+                           "<control_start>", "<control_end>"),
+        **settings.prompt,
     }
 
     def conventions(path: Path) -> None:
-        conv, result.unverified = starting_conventions(bundle, variant)
+        conv, result.unverified = starting_conventions(bundle, variant, settings.encoder_mask)
+        result.unverified += [f"{name} (the checkpoint has no file for it)"
+                              for name in settings.defaults]
         path.write_text(conv.to_json() + "\n")
 
     steps = {
@@ -183,6 +121,14 @@ def export_host(checkpoint: Path, bundle: Path, *, force: bool = False,
         shutil.copyfile(norm, bundle / "norm_stats.json")
         result.written.append(bundle / "norm_stats.json")
     return result
+
+
+def _unwrap(text: str, start: str, end: str) -> str:
+    """A setup/control string already wrapped in its marker tokens, unwrapped (the template
+    wraps it; the model's ``_wrap_setup_text`` does not wrap twice)."""
+    if text.startswith(start) and text.endswith(end):
+        return text[len(start): len(text) - len(end)]
+    return text
 
 
 def cmd_export_host(args: argparse.Namespace) -> int:
