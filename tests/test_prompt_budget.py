@@ -68,14 +68,18 @@ def _controller(root, **values):
     return Controller(settings, publish=lambda out: None)
 
 
-def test_setting_a_long_instruction_is_refused_when_set_with_both_counts(cut_root):
+def test_setting_a_long_instruction_is_refused_when_set_with_both_counts(cut_root, caplog):
     """Configured (the loaded policy's prompt) and not yet configured (the bundle's)."""
     idle = _controller(cut_root)
     ok, reason, _ = idle.request({"instruction": SIXTEEN})
     assert not ok and "is 16 tokens" in reason and "leaves 9" in reason, reason
     assert idle.settings["instruction"] == "put the bowl on the plate"
     ctl = _controller(cut_root)
-    ctl.configure()
+    with caplog.at_level("INFO", logger="molmoact2_ros"):
+        ctl.configure()
+    # the startup log says where the norm stats came from, their mode and raw dimensions
+    assert any("norm stats" in r.getMessage() and "mode q01_q99" in r.getMessage()
+               and "raw: gripper" in r.getMessage() for r in caplog.records), caplog.text
     try:
         ok, reason, _ = ctl.request({"instruction": SIXTEEN})
         assert not ok and "is 16 tokens" in reason and "leaves 9" in reason, reason

@@ -125,6 +125,9 @@ class Controller(TriggerControl, PublishControl, HealthReport, SettingsControl):
             settings = self.settings
         with self._policy_lock:
             self.policy = self._factory(settings)
+            stats = getattr(self.policy, "norm_stats", None)
+            if stats is not None and hasattr(stats, "describe"):  # where they came from
+                log.info("%s", stats.describe())
             try:
                 self._warm_up()
             except Exception:

@@ -150,6 +150,18 @@ CASES = [
      ["norm_stats.json", "setup_type is 3", "a string"]),
     ("norm-width", "norm_stats.json", _set(*LIBERO, "action_stats", "q01", [0.0] * 6),
      ["norm_stats.json", "q01 has 6 values", "needs 7"]),
+    # what nothing downstream can see: no mode, no mask (nor names), NaN, 5 dimensions for 7
+    ("norm-no-mode", "norm_stats.json", _delete("norm_mode"),
+     ["norm_stats.json", "norm_mode is missing", "min_max", "q01_q99"]),
+    ("norm-no-mask", "norm_stats.json",
+     lambda d: [_delete(*LIBERO, "action_stats", k)(d) for k in ("mask", "names")] and None,
+     ["norm_stats.json", "action_stats.mask is missing", "gripper"]),
+    ("norm-nan", "norm_stats.json", _set(*LIBERO, "state_stats", "q99", [float("nan")] * 8),
+     ["norm_stats.json", "state_stats.q99[0] is nan", "a number"]),
+    ("norm-five-for-seven", "norm_stats.json",
+     lambda d: [_set(*LIBERO, "action_stats", k, d["metadata_by_tag"]["libero"]["action_stats"][k]
+                     [:5])(d) for k in ("q01", "q99", "min", "max", "mask", "names")] and None,
+     ["norm_stats.json", "action_stats.q01 has 5 values", "needs 7"]),
     ("embeddings-int", "host/embeddings.npy", _int_table,
      ["embeddings.npy", "int16", "float16"]),
 ]
