@@ -21,10 +21,10 @@ ray = pytest.importorskip("ray")
 
 from ray_helpers import local_ray  # noqa: E402
 
-from molmoact2_ros.cli.replay_many import check_bag, close_worker, setup_worker  # noqa: E402
 from molmoact2_ros.cluster.connect import ClusterError, is_address  # noqa: E402
 from molmoact2_ros.cluster.fanout import Job, Resources, fan_out  # noqa: E402
 from molmoact2_ros.replay.fleet import pair_bags, without_timing  # noqa: E402
+from molmoact2_ros.replay.fleet_worker import check_bag, close_worker, setup_worker  # noqa: E402
 from molmoact2_ros.util.ledger import LedgerWriter, read_ledger  # noqa: E402
 
 INSTRUCTION = "pick up the bowl"

@@ -87,6 +87,13 @@ def test_first_contact_layer_never_imports_the_command_line():
     assert found == []
 
 
+def test_command_modules_stay_thin():
+    """No command module grows a layer of its own: each stays under 300 lines."""
+    long = {p.name: n for p in sorted((PKG / "cli").glob("*.py"))
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 300}
+    assert long == {}, f"move the logic below cli/: {long}"
+
+
 def test_every_unit_has_a_layer():
     units = {_unit(_module_name(p)[0]) for p in package_files()} - {""}
     units = {u for u in units}

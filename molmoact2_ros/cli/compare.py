@@ -19,7 +19,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         read_chunk_bag,
         settings_differences,
     )
-    from .replay import tolerance_from_args
+    from ..replay.run_settings import tolerance_from_args
 
     check_report_dir(args.report, args.force, "compare")  # before reading: nothing runs
     a, b = read_chunk_bag(Path(args.a)), read_chunk_bag(Path(args.b))

@@ -14,10 +14,11 @@ from typing import Any
 
 from ..bundle.variants import VARIANTS
 from ..errors import MolmoActError
+from ..replay.run_settings import parse_set
+from ..util.signals import SIGNAL_EXIT, StopSignals
 from .args import example, float_in, int_at_least, int_in
 from .libero_ray import ENV_MEMORY_GB
 from .ray_args import add_ray_args
-from .replay import SIGNAL_EXIT, _Signals, parse_set
 
 
 def run_settings(args: argparse.Namespace) -> tuple[Any, dict]:
@@ -94,7 +95,7 @@ def cmd_libero(args: argparse.Namespace) -> int:
                 sim, settings, time_mode=args.time_mode, latency_ms=args.latency_ms,
                 max_steps=args.max_steps, seed=args.seed if args.seed is not None else 0,
                 video_dir=out / "videos" if args.video != "none" else None, videos=args.video)
-            with _Signals() as signals:
+            with StopSignals() as signals:
                 runner.should_stop = lambda: signals.received is not None
                 for spec in todo:
                     rec = runner.run(spec)

@@ -19,7 +19,7 @@ def run_with_progress(args, settings, todo: list, ledger, total: int) -> int | N
     """The Ray run of ``molmoact2 libero``: one progress bar over the whole evaluation with the
     running success rate; returns the signal that interrupted it, if one did."""
     from ..util.progress import counter
-    from .replay import _Signals
+    from ..util.signals import StopSignals
 
     bar = counter(total, "libero", unit="ep", enabled=not args.no_progress)
     bar.update(total - len(todo))
@@ -37,7 +37,7 @@ def run_with_progress(args, settings, todo: list, ledger, total: int) -> int | N
                   f"({rec['timing']['wall_s']:.0f} s); {text}", file=sys.stderr, flush=True)
 
     try:
-        with _Signals() as signals:
+        with StopSignals() as signals:
             run_on_ray(args, settings, todo, ledger, total,
                        lambda: signals.received is not None, on_record)
     finally:

@@ -3,32 +3,28 @@ checked against their golden chunk bags, in this process or over Ray actors (``-
 
 One worker (this process, or each actor) loads the policy once and replays bag after bag; a
 bag's verdict is plain JSON, appended to ``REPORT/verdicts.jsonl`` as it finishes, so an
-interrupted run resumes where it stopped. Both paths run the same ``check_bag``.
+interrupted run resumes where it stopped. Both paths run the same ``check_bag``
+(``replay/fleet_worker.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from ..errors import MolmoActError
 from ..replay.fleet import (
     BagItem,
-    LentPolicy,
     error_verdict,
     format_merged,
     merge,
     pair_bags,
-    verdict,
     verdict_line,
     write_merged,
 )
+from ..replay.fleet_worker import check_bag, close_worker, setup_worker
 from ..util.ledger import LedgerWriter, read_ledger
 from ..util.progress import counter
 
@@ -37,130 +33,6 @@ WORKER_OPTIONS = ("bundle_root", "variant", "backend", "instruction", "seed", "f
                   "max_age", "namespace", "set", "storage", "bag_version", "min_cosine", "atol",
                   "rtol", "min_within", "min_produced", "appbuilder")
 LEDGER = "verdicts.jsonl"
-PARTIAL = ".partial"
-
-
-# -- the worker: one policy load, many bags ------------------------------------------------------
-
-class Worker:
-    """Policies loaded once per worker (by the settings that need a reload) and the options
-    every bag shares."""
-
-    def __init__(self, options: dict[str, Any]) -> None:
-        self.options = dict(options)
-        self.policies: dict[tuple, Any] = {}
-        if self.options.get("appbuilder") == "fake":
-            from ..runtime.appbuilder import use_test_fake
-
-            use_test_fake()
-
-    def policy(self, settings, fixed_noise: np.ndarray | None):
-        from ..control.controller import load_policy
-
-        key = (str(settings.bundle_path()), settings["variant"], settings["backend"],
-               tuple(sorted(settings.suffixes().items())),
-               repr(settings.runtime_options()) if settings["backend"] == "htp" else "")
-        policy = self.policies.get(key)
-        if policy is None:
-            policy = self.policies[key] = load_policy(settings)
-        policy.set_flow_steps(settings.flow_steps() or policy.variant.default_flow_steps)
-        if settings["instruction"]:
-            policy.set_instruction(settings["instruction"])
-        policy.fixed_noise = fixed_noise
-        return LentPolicy(policy)
-
-    def close(self) -> None:
-        for policy in self.policies.values():
-            policy.close()
-        self.policies.clear()
-
-
-def setup_worker(options: dict[str, Any]) -> Worker:
-    """An actor's (or this process's) one-time setup: the bundle is checked here, so a node
-    that cannot see it fails at once."""
-    from ..bundle.bundle import bundle_parameters
-
-    bundle_parameters(options["bundle_root"])
-    return Worker(options)
-
-
-def close_worker(worker: Worker) -> None:
-    worker.close()
-
-
-def check_bag(worker: Worker, item: BagItem) -> dict[str, Any]:
-    """Replay one bag and compare it with its golden (or record its golden): its verdict.
-    A bag that cannot be checked gets an ``error`` verdict naming why; the others go on."""
-    start = time.perf_counter()
-    try:
-        return _check(worker, item, start)
-    except MolmoActError as exc:
-        return error_verdict(item, str(exc), time.perf_counter() - start)
-    except Exception as exc:  # a library or a bug: this bag's verdict, not the fleet's end
-        return error_verdict(item, f"unexpected {type(exc).__name__}: {exc}",
-                             time.perf_counter() - start)
-
-
-def _check(worker: Worker, item: BagItem, start: float) -> dict[str, Any]:
-    from ..replay.bagio import check_output
-    from ..replay.chunk_match import match_chunks
-    from ..replay.chunkbag import ChunkBagWriter, action_scale, run_info, scale_of
-    from ..replay.replay import replay
-    from .replay import golden_and_settings
-
-    args = argparse.Namespace(**worker.options, bag=item.bag, golden=item.golden or None,
-                              record=item.record or None)
-    if args.golden and not Path(args.golden).exists():
-        raise MolmoActError(f"no golden chunk bag {args.golden}; record one with "
-                            "`molmoact2 replay BAGS... --record-dir DIR`")
-    golden, trace, golden_settings, settings, tol, differences = golden_and_settings(args)
-    noise = np.asarray(trace["noise"], np.float32) if trace is not None else None
-    partial = Path(item.record + PARTIAL) if item.record else None
-    if partial is not None:  # a killed attempt's leftovers; the golden appears only when done
-        check_output(Path(item.record), True, "--record-dir bag")
-        shutil.rmtree(partial, ignore_errors=True)
-    writer: dict[str, Any] = {"w": None}
-
-    def on_active(controller, bag_topics) -> None:
-        if partial is not None:
-            steps = getattr(controller.policy, "flow_steps", settings.flow_steps())
-            norm = getattr(getattr(controller.policy, "norm_stats", None), "action", None)
-            writer["w"] = ChunkBagWriter(
-                partial, run_info(settings, flow_steps=steps, source_bag=Path(item.bag).name,
-                                  scale=scale_of(norm) if norm is not None else None),
-                mcap=args.storage == "mcap", version=args.bag_version)
-
-    try:
-        result = replay(Path(item.bag), settings,
-                        policy_factory=lambda s: worker.policy(s, noise),
-                        on_published=lambda out, ns: writer["w"] and writer["w"].write(out, ns),
-                        on_active=on_active, namespace=args.namespace)
-    finally:
-        if writer["w"] is not None:
-            writer["w"].close()
-    recorded = -1
-    if partial is not None:
-        target = Path(item.record)
-        if target.exists():
-            shutil.rmtree(target) if target.is_dir() else target.unlink()
-        partial.rename(target)
-        recorded = writer["w"].count
-    summary, names = None, list(settings["action_names"])
-    if golden is not None:
-        produced = {p.chunk.observation_stamp_ns: p.actions for p in result.published}
-        if trace is not None:
-            chunks = {stamp: np.asarray(trace["chunk"], np.float32) for stamp in produced}
-        else:
-            chunks, names = golden.chunks, golden.action_names or names
-        summary = match_chunks(produced, chunks, tol, min_produced=args.min_produced,
-                               scale=action_scale(golden_settings, settings["variant"],
-                                                  args.bundle_root))
-    steps = result.published[0].chunk.flow_steps if result.published else settings.flow_steps()
-    shown = {"variant": settings["variant"], "backend": settings["backend"],
-             "instruction": settings["instruction"], "seed": settings["seed"],
-             "flow_steps": steps}
-    return verdict(item, result, summary, settings=shown, differences=differences,
-                   action_names=names, recorded=recorded, seconds=time.perf_counter() - start)
 
 
 # -- the driver ------------------------------------------------------------------------------------
@@ -240,11 +112,11 @@ def cmd_replay_many(args: argparse.Namespace) -> int:
         bar.update(1)
         print(verdict_line(v), flush=True)
 
-    from .replay import _Signals
+    from ..util.signals import StopSignals
 
     stats = None
     try:
-        with _Signals() as signals:
+        with StopSignals() as signals:
             if args.ray:
                 stats = _run_on_ray(args, todo, options, record,
                                     lambda: signals.received is not None)
@@ -267,7 +139,7 @@ def cmd_replay_many(args: argparse.Namespace) -> int:
         print(f"interrupted by signal {signals.received}: {len(verdicts)} of {len(items)} bags "
               f"checked{f', in {ledger_path} (run again to resume)' if ledger_path else ''}",
               file=sys.stderr)
-        from .replay import SIGNAL_EXIT
+        from ..util.signals import SIGNAL_EXIT
 
         return SIGNAL_EXIT.get(signals.received, 1)
     report = merge(verdicts)
