@@ -246,6 +246,8 @@ def _print_decoded(bundle: Bundle) -> bool:
 
 
 def cmd_conventions(args: argparse.Namespace) -> int:
+    from ..firstrun.prompt_stats import budget_lines
+
     ok, written, names = True, [], []
     for name, path in resolve_bundles(Path(args.bundle), args.variant):
         bundle = Bundle.open(path, name)
@@ -265,6 +267,7 @@ def cmd_conventions(args: argparse.Namespace) -> int:
             findings = check_conventions(bundle)
         ok &= all(f.verdict != MISMATCH for f in findings)
         ok &= _print_decoded(bundle)
+        print("\n".join(budget_lines(bundle)))
         open_choices = unverified(findings) if findings else list(UNREADABLE)
         print(f"{name}: not verifiable from the goldens (keep conventions.json's values and "
               f"check them by hand): {', '.join(open_choices)}")

@@ -26,7 +26,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     try:
         checks = run_checks(Path(args.bundle), args.variant, dict(args.suffix or []),
-                            args.timeout, args.repeats)
+                            args.timeout, args.repeats, args.ignore_bundle_libs)
     except Exception as exc:  # doctor must never end in a traceback
         checks = [Check("doctor", FAIL, f"{type(exc).__name__}: {exc}", "report this")]
     for check in checks:
@@ -62,4 +62,7 @@ def register(subparsers) -> None:
                    help="deadline per call, seconds")
     p.add_argument("--repeats", type=int_in(1, 1000), default=5,
                    help="chunks timed for the latency line")
+    p.add_argument("--ignore-bundle-libs", action="store_true",
+                   help="leave a bundle's qnn_libs/ and dsp_libs/ unused (the wheel's own QNN "
+                   "runtime serves), e.g. a seed workspace's QAIRT 2.47 folders")
     p.set_defaults(func=cmd_doctor)

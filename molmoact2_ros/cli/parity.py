@@ -27,7 +27,10 @@ def cmd_parity(args: argparse.Namespace) -> int:
                                                            min_within=args.min_within)
         traces = [t for t in TRACE_FILES if (path / "golden" / t).is_file()]
         rows = []
-        with Policy.load(path, name, backend=args.backend, suffixes=suffixes) as policy:
+        options = {"bundle_libs": False} if args.ignore_bundle_libs and args.backend == "htp" \
+            else {}
+        with Policy.load(path, name, backend=args.backend, suffixes=suffixes,
+                         pipeline_options=options) as policy:
             contracts = policy.bundle.variant.contracts(
                 euler_in_graph=policy.conventions.euler_in_graph)
             for stage in progress([*COMPONENTS, *traces], f"parity {name}"):
@@ -79,4 +82,7 @@ def register(subparsers) -> None:
                    help="context suffix per group, repeatable (vision, llm, action: action_step "
                    "only; e.g. llm=_w4a16); default: fp16 everywhere, or the reference "
                    "runtime's VISION_/LLM_/ACTION_CTX_SUFFIX variables when set (with a notice)")
+    p.add_argument("--ignore-bundle-libs", action="store_true",
+                   help="htp: leave a bundle's qnn_libs/ and dsp_libs/ unused (the wheel's own "
+                   "QNN runtime serves), e.g. a seed workspace's QAIRT 2.47 folders")
     p.set_defaults(func=cmd_parity)

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import MolmoActError
 from ..host.images import mount_images
+from ..host.state import StateConvention
 from ..policy import Observation
 from .chunk_io import (  # noqa: F401  (re-exported: node.py and replay.py import them here)
     PolicyFactory,
@@ -376,7 +377,10 @@ class Controller(TriggerControl, PublishControl, HealthReport, SettingsControl):
             action_type = resolve_action_type(settings["execution.action_type"], self.policy)
             try:
                 # flip_images.* apply to the next chunk: read here, like every live setting
-                obs = Observation(mount_images(obs.images, settings.mounts()), obs.state,
+                # and so do state.*: the robot's pose in the policy's frame and convention
+                state = StateConvention.from_settings(settings).apply(
+                    obs.state, getattr(getattr(self.policy, "norm_stats", None), "state", None))
+                obs = Observation(mount_images(obs.images, settings.mounts()), state,
                                   obs.instruction, obs.stamp_ns)
                 guidance = self._guidance(settings, stamp_ns, received)
                 if guidance is None:

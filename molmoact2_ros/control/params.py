@@ -17,6 +17,7 @@ from typing import Any
 from ..bundle.variants import SUFFIX_GROUPS, VARIANTS
 from ..host.flow import INPAINT_METHODS
 from ..host.images import MOUNT_ROTATIONS
+from ..host.state import HEMISPHERES
 from .execution import ACTION_TYPES, BLENDS, RAMPS, SCHEDULES, START_MODES
 
 #: How a change applies: ``live`` on the next chunk, ``reload`` by a background session swap,
@@ -156,6 +157,17 @@ PARAMS: tuple[ParamSpec, ...] = (
     _p("state.ee_frame", "ee_link", "tf: end-effector frame", CONFIGURE),
     _p("state.gripper_joint_names", ["finger_left", "finger_right"],
        "tf: JointState names of the two gripper fingers"),
+    _p("state.frame_transform", [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0],
+       "x, y, z, qx, qy, qz, qw taking the pose from the frame it is read in to the frame the "
+       "policy was trained in (identity: already in it; a Franka's base_link into LIBERO's "
+       "world: [-0.66, 0.0, 0.912, 0.0, 0.0, 0.0, 1.0], measured in the simulator)"),
+    _p("state.quaternion_hemisphere", "keep",
+       "the eef quaternion's sign: keep (as given) | nearest_stats (per observation the sign "
+       "whose axis-angle is nearest the training statistics; LIBERO's roll runs past pi near "
+       "home, a tf2 source with w >= 0 gives the other sign)"),
+    _p("state.finger_signs", [1.0, 1.0],
+       "multipliers of the two finger values: LIBERO reads (+q, -q), a real Franka reports "
+       "both positive: [1.0, -1.0] there"),
     _p("action_names", ["x", "y", "z", "roll", "pitch", "yaw", "gripper"],
        "names of the 7 action dimensions (ActionChunk.action_names, JointTrajectory joints)"),
     _p("action_min", [0.0], "per-dimension lower limits; [0.0] (one value) = no limit"),
@@ -368,6 +380,25 @@ def _check_frame(name, value, settings):
     return True, ""
 
 
+def _check_transform(name, value, settings):
+    vals = list(value)
+    if len(vals) != 7 or not all(math.isfinite(v) for v in vals):
+        return False, (f"{name} needs 7 finite numbers x, y, z, qx, qy, qz, qw, got {vals}; "
+                       "identity is [0, 0, 0, 0, 0, 0, 1]")
+    norm = math.sqrt(sum(v * v for v in vals[3:]))
+    if abs(norm - 1.0) > 1e-3:
+        return False, (f"{name}: the quaternion {vals[3:]} has norm {norm:.4f}; give a unit "
+                       "quaternion (qx, qy, qz, qw)")
+    return True, ""
+
+
+def _check_finger_signs(name, value, settings):
+    if len(value) != 2 or any(v not in (1.0, -1.0) for v in value):
+        return False, (f"{name} needs 2 values, each 1.0 or -1.0 (LIBERO's (+q, -q) from a "
+                       f"Franka's (+q, +q): [1.0, -1.0]), got {list(value)}")
+    return True, ""
+
+
 def _same_topics(settings: Settings) -> str:
     """Two inputs on one topic (e.g. both cameras) would feed one stream as both."""
     seen: dict[str, str] = {}
@@ -406,6 +437,9 @@ _CHECKS = {
     "state.joint_names": _check_state_names,
     "state.gripper_joint_names": _check_state_names,
     "instruction": _check_instruction,
+    "state.frame_transform": _check_transform,
+    "state.quaternion_hemisphere": _check_choice(HEMISPHERES),
+    "state.finger_signs": _check_finger_signs,
 }
 
 

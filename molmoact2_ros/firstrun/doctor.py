@@ -48,15 +48,34 @@ def _describe(infos) -> str:
     return ", ".join(f"{i.name}{list(i.shape)} {i.dtype}" for i in infos)
 
 
-def check_pipeline(bundle, suffixes, timeout_s: float, repeats: int) -> Iterator[Check]:
+def check_host_files(bundle) -> Check:
+    """host/ (tokenizer, embeddings, prompt, conventions): a seed workspace has none, and
+    without it the node cannot build a prompt (the contexts still load on the defaults)."""
+    from ..bundle.bundle import HOST_FILES
+
+    missing = [n for n in HOST_FILES if not bundle.host_path(n).is_file()]
+    if not missing:
+        return Check("host assets", PASS, f"{bundle.root / 'host'}: {', '.join(HOST_FILES)}")
+    return Check("host assets", FAIL, f"{bundle.root / 'host'} lacks {', '.join(missing)}",
+                 f"molmoact2 export-host CHECKPOINT {bundle.root} writes host/ from the Hugging "
+                 "Face checkpoint (docs/iq9075.md names it per bundle); molmoact2 conventions "
+                 f"{bundle.root} --write writes conventions.json alone from the goldens")
+
+
+def check_pipeline(bundle, suffixes, timeout_s: float, repeats: int,
+                   ignore_bundle_libs: bool = False) -> Iterator[Check]:
     """Load every context in spawned workers, check contracts, parity and latency."""
     from ..bundle.comparison import load_tolerances, precision_of
     from ..bundle.golden import component_parity
     from ..runtime.htp_backend import ResidentPipeline
+    from .seed import seed_conventions
 
+    conventions = bundle.conventions() if bundle.host_path("conventions.json").is_file() \
+        else seed_conventions(bundle.root)
     try:
         pipeline = ResidentPipeline.open(
-            bundle, suffixes, call_timeout_s=timeout_s, start_timeout_s=max(timeout_s, 300.0)
+            bundle, suffixes, conventions=conventions, call_timeout_s=timeout_s,
+            start_timeout_s=max(timeout_s, 300.0), bundle_libs=not ignore_bundle_libs,
         )
     except MolmoActError as exc:
         yield Check("contexts load", FAIL, str(exc),
@@ -105,7 +124,7 @@ def _latency(pipeline, variant, repeats: int) -> Check:
 
 
 def run_checks(bundle_dir: Path, variant: str | None, suffixes: dict[str, str],
-               timeout_s: float, repeats: int) -> list[Check]:
+               timeout_s: float, repeats: int, ignore_bundle_libs: bool = False) -> list[Check]:
     """Every check in order; later ones are skipped when what they need is missing."""
     checks = [check_platform()]
     probe = probe_qai_appbuilder()
@@ -126,14 +145,19 @@ def run_checks(bundle_dir: Path, variant: str | None, suffixes: dict[str, str],
         except MolmoActError as exc:
             checks.append(Check(f"bundle {name}", FAIL, str(exc), "fix or remove this folder"))
             continue
-        checks += _bundle_checks(bundle, chosen, probe, timeout_s, repeats)
+        checks += _bundle_checks(bundle, chosen, probe, timeout_s, repeats, ignore_bundle_libs)
     return checks
 
 
-def _bundle_checks(bundle, chosen, probe: dict, timeout_s: float, repeats: int) -> list[Check]:
-    """One variant's bundle: its files, then (with qai_appbuilder) loads, parity, latency."""
+def _bundle_checks(bundle, chosen, probe: dict, timeout_s: float, repeats: int,
+                   ignore_bundle_libs: bool = False) -> list[Check]:
+    """One variant's bundle: its files, its norm stats and prompt budget, then (with
+    qai_appbuilder) loads, parity, latency."""
+    from .prompt_stats import budget_check, norm_stats_check
+
     checks = [Check("bundle", PASS, f"{bundle.root} ({bundle.variant.name})"),
-              check_dsp_arch(bundle.variant.dsp_arch)]
+              check_dsp_arch(bundle.variant.dsp_arch), check_host_files(bundle),
+              norm_stats_check(bundle), budget_check(bundle)]
     files = list(check_context_files(bundle, chosen))
     checks += files
     if "error" in probe:
@@ -141,6 +165,6 @@ def _bundle_checks(bundle, chosen, probe: dict, timeout_s: float, repeats: int) 
     elif any(c.status == FAIL for c in files):
         checks.append(Check("contexts load", SKIP, "needs every context file"))
     else:
-        checks += list(check_pipeline(bundle, chosen, timeout_s, repeats))
+        checks += list(check_pipeline(bundle, chosen, timeout_s, repeats, ignore_bundle_libs))
     return checks
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .status import FAIL, PASS
+from .status import FAIL
 
 #: glibc the qai-appbuilder 2.51.40 aarch64 wheels need: cp310 is tagged manylinux_2_35 (Ubuntu
 #: 22.04 / Humble), cp311-cp313 manylinux_2_39 (Ubuntu 24.04 / Jazzy)
@@ -73,11 +73,14 @@ def platform_facts(probe: dict) -> dict:
 
 
 def norm_stats_facts(bundle) -> dict:
-    """Where the norm stats are, or that they are missing with the fix."""
-    path = bundle.norm_stats_path
-    if path.is_file():
-        return {"status": PASS, "path": str(path)}
-    return {"status": FAIL, "why": f"no norm_stats.json in {bundle.root} or "
+    """Where the norm stats came from, their mode and raw dimensions, whether they are valid
+    and the goldens' own (``prompt_stats.norm_stats_facts``), or that they are missing."""
+    from .prompt_stats import norm_stats_facts as checked
+
+    if bundle.norm_stats_path.is_file():
+        return checked(bundle)
+    return {"status": FAIL, "path": str(bundle.norm_stats_path),
+            "why": f"no norm_stats.json in {bundle.root} or "
             f"{bundle.root / 'golden'} (the published lp_vtp_sd and fused bundles ship none)",
             "fix": "copy norm_stats.json from the checkpoint into the bundle (molmoact2 "
             "export-host CHECKPOINT BUNDLE writes it when missing); the policy needs it to "

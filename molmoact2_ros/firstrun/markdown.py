@@ -14,6 +14,8 @@ def failed(report: dict) -> list[str]:
     for name, facts in report.get("variants", {}).items():
         if facts["norm_stats"]["status"] == FAIL:
             bad.append(f"{name} norm_stats.json")
+        if facts.get("prompt_budget", {}).get("status") == FAIL:
+            bad.append(f"{name} prompt budget")
     for s in report["sections"]:
         label = f"{s['variant']} {s['choice']}"
         if "error" in s:
@@ -130,8 +132,16 @@ def to_markdown(report: dict) -> str:
     for name, facts in report.get("variants", {}).items():
         ns = facts["norm_stats"]
         lines += ["", f"## {name}: files", "",
-                  f"- norm stats: {ns['path']}" if ns["status"] == PASS else
-                  f"- norm stats: **missing**: {ns['why']}; fix: {ns['fix']}"]
+                  f"- norm stats: {ns.get('describe', ns['path'])}"
+                  + (f"; goldens: {ns['golden']['status']}" if "golden" in ns else "")
+                  if ns["status"] == PASS else
+                  f"- norm stats: **FAIL**: {ns['why']}; fix: {ns['fix']}"]
+        budget = facts.get("prompt_budget")
+        if budget:
+            lines.append(f"- prompt budget: {budget.get('line', budget.get('why'))}"
+                         + (f" ({budget['suites_why']})" if "suites_why" in budget else ""))
+            if budget.get("table"):
+                lines += ["", *budget["table"], ""]
         for lib, info in facts["libraries"].items():
             lines.append(f"- {lib}: {info['path']} (QAIRT {', '.join(info['versions'])}), "
                          + ("used" if info["used"] else "ignored (--ignore-bundle-libs): the "

@@ -14,6 +14,7 @@ from pathlib import Path
 from ..errors import BundleError
 from .facts import library_facts, norm_stats_facts, platform_facts
 from .markdown import failed, to_markdown
+from .prompt_stats import budget_facts
 from .sections import PARITY_LIMITS, STEPS, Section, run_section, suffix_choices
 from .status import FAIL, NOT_RUN, PASS, error
 
@@ -157,6 +158,7 @@ def build_report(root: Path, chunks: int = MIN_CHUNKS, timeout_s: float = 60.0, 
         report["variants"][name] = {
             "bundle": str(folder), "choices": [label for label, _ in picked],
             "norm_stats": norm_stats_facts(bundle),
+            "prompt_budget": budget_facts(bundle),
             "libraries": library_facts(bundle, ignore_bundle_libs)}
         plan += [(name, bundle, label, groups) for label, groups in picked]
     total = len(plan) + (1 if bag is not None else 0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..bundle.normstats import FeatureStats
@@ -111,3 +113,100 @@ def state_from_pose(xyz, quat_xyzw, gripper) -> np.ndarray:
         )
     aa = quat_to_axis_angle(quat_xyzw)
     return check_state(np.concatenate([xyz, aa, gripper]), 8)
+
+
+# -- a real robot's state in the policy's convention -------------------------------------------
+#: How the eef quaternion's sign is chosen: as given, or per observation the sign whose
+#: axis-angle is nearest the training statistics (LIBERO's runs past pi near home).
+HEMISPHERES = ("keep", "nearest_stats")
+IDENTITY = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0)
+
+
+def axis_angle_to_quat(aa) -> np.ndarray:
+    """Axis-angle → quaternion (x, y, z, w), keeping the hemisphere the angle implies (an
+    angle past pi gives w < 0, as the LIBERO state's does)."""
+    aa = np.asarray(aa, dtype=np.float64).reshape(3)
+    angle = float(np.linalg.norm(aa))
+    if angle < 1e-12:
+        return np.array([0.0, 0.0, 0.0, 1.0])
+    return np.concatenate([aa / angle * np.sin(angle / 2), [np.cos(angle / 2)]])
+
+
+def quat_mul(a, b) -> np.ndarray:
+    """Hamilton product of (x, y, z, w) quaternions: the rotation ``b`` then ``a``."""
+    ax, ay, az, aw = a
+    bx, by, bz, bw = b
+    return np.array([aw * bx + ax * bw + ay * bz - az * by,
+                     aw * by - ax * bz + ay * bw + az * bx,
+                     aw * bz + ax * by - ay * bx + az * bw,
+                     aw * bw - ax * bx - ay * by - az * bz])
+
+
+def quat_rotate(q, v) -> np.ndarray:
+    """``v`` rotated by the unit quaternion ``q`` (x, y, z, w)."""
+    p = quat_mul(quat_mul(q, [*v, 0.0]), [-q[0], -q[1], -q[2], q[3]])
+    return p[:3]
+
+
+def other_hemisphere(aa) -> np.ndarray:
+    """The axis-angle of the same rotation from the quaternion of the other sign: the angle
+    becomes 2 pi minus it about the opposite axis."""
+    aa = np.asarray(aa, dtype=np.float64)
+    angle = float(np.linalg.norm(aa))
+    if angle < 1e-12:
+        return aa.copy()
+    return -aa / angle * (2 * np.pi - angle)
+
+
+@dataclass(frozen=True)
+class StateConvention:
+    """How a robot's 8 state values become the policy's: ``transform`` (x, y, z, qx, qy, qz,
+    qw) takes the pose from the frame it is read in to the frame the policy was trained in
+    (LIBERO's world); ``hemisphere`` picks the quaternion's sign; ``finger_signs`` multiply the
+    two finger values (LIBERO reads +q, -q where a real Franka reports both positive)."""
+
+    transform: tuple[float, ...] = IDENTITY
+    hemisphere: str = "keep"
+    finger_signs: tuple[float, float] = (1.0, 1.0)
+
+    @classmethod
+    def from_settings(cls, settings) -> StateConvention:
+        return cls(tuple(float(v) for v in settings["state.frame_transform"]),
+                   settings["state.quaternion_hemisphere"],
+                   tuple(float(v) for v in settings["state.finger_signs"]))
+
+    @property
+    def is_identity(self) -> bool:
+        return (tuple(self.transform) == IDENTITY and self.hemisphere == "keep"
+                and tuple(self.finger_signs) == (1.0, 1.0))
+
+    def apply(self, state, stats: FeatureStats | None = None) -> np.ndarray:
+        """The state in the policy's frame and convention (float32 [8]; the identity
+        convention hands the state on untouched)."""
+        if self.is_identity:
+            return state
+        s = check_state(state, 8).astype(np.float64)
+        pos, aa = s[:3], s[3:6]
+        if tuple(self.transform) != IDENTITY:
+            t = np.asarray(self.transform[:3], np.float64)
+            q = np.asarray(self.transform[3:], np.float64)
+            q = q / np.linalg.norm(q)
+            pos = quat_rotate(q, pos) + t
+            aa = quat_to_axis_angle(quat_mul(q, axis_angle_to_quat(aa))).astype(np.float64)
+        if self.hemisphere == "nearest_stats" and stats is not None:
+            aa = nearest_to_stats(aa, stats)
+        fingers = s[6:8] * np.asarray(self.finger_signs, np.float64)
+        return check_state(np.concatenate([pos, aa, fingers]), 8)
+
+
+def nearest_to_stats(aa, stats: FeatureStats, dims: slice = slice(3, 6)) -> np.ndarray:
+    """Of the two axis-angles of one rotation, the one nearest the middle of the statistics'
+    range (in ranges); the given one on a tie."""
+    mid = (stats.q01[dims] + stats.q99[dims]) / 2
+    half = np.maximum((stats.q99[dims] - stats.q01[dims]) / 2, 1e-6)
+    other = other_hemisphere(aa)
+
+    def distance(x):
+        return float(np.sum(((x - mid) / half) ** 2))
+
+    return other if distance(other) < distance(aa) else np.asarray(aa, np.float64)

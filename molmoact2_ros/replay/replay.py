@@ -75,6 +75,8 @@ class ReplayResult:
     synced: int = 0
     messages: int = 0
     interrupted: bool = False
+    #: every synchronised state as read (before state.* conventions), for the report
+    states: list = field(default_factory=list)
 
 
 def replay(
@@ -154,6 +156,7 @@ def _feed(controller: Controller, settings: Settings, items, result: ReplayResul
         result.reasons.setdefault(type(exc).__name__, str(exc))
         controller.on_invalid(type(exc).__name__)
         return
+    result.states.append(state)
     controller.on_observation(images, state, min(i.stamp_ns for i in items))
 
 

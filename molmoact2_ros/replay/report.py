@@ -122,6 +122,35 @@ def summary_data(result, settings, summary, differences=(), *, golden=None,
     }
 
 
+def state_tokens(states, settings) -> dict[str, Any] | None:
+    """The run's state per dimension against the training range: raw values (after the
+    state.* conventions), their tokens, and how many observations fell outside [low, high]
+    (their token is pinned at 0 or the last bin). A robot standing still should sit inside."""
+    from ..bundle.bundle import Bundle
+    from ..errors import MolmoActError
+    from ..host.state import StateConvention, state_bins
+
+    if not states:
+        return None
+    try:
+        stats = Bundle.open(settings.bundle_path(), settings["variant"]).norm_stats().state
+    except (MolmoActError, OSError):
+        return None
+    convention = StateConvention.from_settings(settings)
+    values = np.stack([np.asarray(convention.apply(s, stats), np.float32) for s in states])
+    tokens = np.stack([state_bins(v, stats) for v in values])
+    dims = []
+    for i, name in enumerate(stats.names):
+        outside = int(np.sum((values[:, i] < stats.q01[i]) | (values[:, i] > stats.q99[i])))
+        dims.append({"name": name, "normalised": bool(stats.mask[i]),
+                     "training": [float(stats.q01[i]), float(stats.q99[i])],
+                     "raw": [float(values[:, i].min()), float(values[:, i].max())],
+                     "tokens": [int(tokens[:, i].min()), int(tokens[:, i].max())],
+                     "outside_training_range": outside if stats.mask[i] else 0})
+    return {"observations": len(states), "dimensions": dims,
+            "outside": [d["name"] for d in dims if d["outside_training_range"]]}
+
+
 def report_from_replay(folder: Path, result, settings, summary, *, golden=None,
                        differences=(), noise_problem: str = "") -> list[Path]:
     """The report of ``replay`` (``--golden`` adds the comparison panels)."""
@@ -136,6 +165,7 @@ def report_from_replay(folder: Path, result, settings, summary, *, golden=None,
         latency=[dict(p.chunk.latency_ms) for p in result.published])
     extra = summary_data(result, settings, summary, differences, golden=golden,
                          noise_problem=noise_problem)
+    extra["state_tokens"] = state_tokens(getattr(result, "states", []), settings)
     return write_report(folder, data, extra)
 
 
