@@ -388,5 +388,5 @@ def write_plot(traces: dict[str, Trace], path: Path, title: str, window_s: tuple
     axes[-1].set_xlabel("time (s)")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")
     plt.close(fig)

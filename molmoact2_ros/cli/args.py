@@ -185,17 +185,29 @@ def suffixes_from_env(given: list[tuple[str, str]] | None, environ=None) -> dict
     return chosen
 
 
-def check_report_dir(report: str | os.PathLike | None, force: bool, command: str) -> None:
-    """Refuse a ``--report`` folder before the run: a file in its place, a report already there
-    (unless ``--force``), or no matplotlib to draw its plots (naming the extra)."""
+#: the files a ``--report`` folder may receive (replay, compare, replay with several bags)
+REPORT_FILES = ("summary.json", "summary.md", "verdicts.jsonl", "verdicts.jsonl.partial",
+                "actions.png", "residuals.png", "error_per_chunk.png", "continuity.png",
+                "latency.png", "error_distribution.png")
+
+
+def check_report_dir(report: str | os.PathLike | None, force: bool, command: str,
+                     plots: bool = True) -> None:
+    """Refuse a ``--report`` folder before the run: a symlink or a file in its place, a
+    report already there (unless ``--force``), a file of the report's names that this package
+    did not write (even with ``--force``), or no matplotlib to draw its plots (naming the
+    extra). Files of other names in the folder are left alone."""
     if not report:
         return
     from ..util.optional import require
+    from ..util.outputs import check_file, check_folder
 
-    report = Path(report)
-    if report.exists() and not report.is_dir():
-        raise MolmoActError(f"--report {report} is a file; give a folder")
-    if (report / "summary.json").exists() and not force:
+    folder = check_folder(report, what="--report")
+    if (folder / "summary.json").exists() and not force:
         raise MolmoActError(f"--report {report} holds a report already; choose a new folder "
                             "or pass --force")
-    require("matplotlib", f"{command} --report")
+    for name in REPORT_FILES:
+        if os.path.lexists(folder / name) and name != "verdicts.jsonl.partial":
+            check_file(folder / name, force=True, what="--report file")
+    if plots:
+        require("matplotlib", f"{command} --report")

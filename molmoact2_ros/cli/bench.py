@@ -23,6 +23,7 @@ from ..bundle.variants import VARIANTS
 from ..control.execution import START_MODES
 from ..control.params import MAX_FLOW_STEPS, PARAMS_BY_NAME, SEED_MAX
 from ..util.optional import require
+from ..util.outputs import check_file, write_file, writing
 from ..util.progress import counter, progress
 from .args import check_paths, example, float_in, int_at_least, int_in
 
@@ -37,6 +38,9 @@ def _load() -> list[float]:
 def cmd_bench(args: argparse.Namespace) -> int:
     check_paths([("--json", args.json), ("--plot", args.plot)],
                 [("--bundle-root", args.bundle_root)])
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:  # before the run: only a file of an earlier bench, and only with --force
+            check_file(path, force=args.force, what=flag)
     if getattr(args, "closed_loop", False):
         return cmd_closed_loop(args)
     if getattr(args, "scale_out", False):
@@ -79,7 +83,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "variants": records,
             "verdicts": results,
         }
-        Path(args.json).write_text(json.dumps(payload, indent=2))
+        write_file(args.json, json.dumps(payload, indent=2), what="--json")
         wrote = f"; wrote {args.json}"
     print(summary_line(results, names, time.perf_counter() - started) + wrote)
     return 0
@@ -116,6 +120,9 @@ def register(subparsers) -> None:
     p.add_argument("--steps", type=int_in(1, MAX_FLOW_STEPS),
                    help="flow steps (default: the variant's)")
     p.add_argument("--json", help="write every figure to this JSON file")
+    p.add_argument("--force", action="store_true",
+                   help="replace the --json and --plot files of an earlier bench (never a "
+                   "file this package did not write)")
     add_arguments(p)
     g = p.add_argument_group("scale-out on Ray (--scale-out; pip install -e '.[cluster]')")
     g.add_argument("--scale-out", action="store_true",
@@ -154,7 +161,7 @@ def cmd_scale_out(args: argparse.Namespace) -> int:
     print(format_scale_out(result))
     print(f"load average at the end {result['load_average']['end']}")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_file(args.json, json.dumps(result, indent=2), what="--json")
         print(f"wrote {args.json}")
     return 0
 
@@ -230,13 +237,15 @@ def _closed_loop_runs(args: argparse.Namespace, bundles: dict, robots: list[str]
         key = first + (args.plot_latency_ms,)
         if key not in plots:
             key = first + (args.latencies_ms[0],)
-        write_plot(plots[key], Path(args.plot), f"synthetic policy, {key[1]} scene, {key[2]} "
-                   f"robot, H={key[3]}, start={key[4]}, latency {key[5]:g} ms ± "
-                   f"{args.jitter_ms:g}",
-                   (3.0, 6.0))
+        with writing(args.plot, what="--plot") as tmp:
+            write_plot(plots[key], tmp, f"synthetic policy, {key[1]} scene, {key[2]} "
+                       f"robot, H={key[3]}, start={key[4]}, latency {key[5]:g} ms ± "
+                       f"{args.jitter_ms:g}",
+                       (3.0, 6.0))
         print(f"wrote {args.plot}")
     if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=2))
+        write_file(args.json, json.dumps([asdict(r) for r in results], indent=2),
+                   what="--json")
         print(f"wrote {args.json}")
     print(f"bench --closed-loop: {len(results)} runs ({', '.join(kinds)}; strategies "
           f"{', '.join(args.blends)}; start {', '.join(args.start)}; latencies "

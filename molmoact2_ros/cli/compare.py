@@ -8,11 +8,12 @@ import argparse
 from pathlib import Path
 
 from ..errors import MolmoActError
-from .args import check_report_dir, float_in
+from .args import check_paths, check_report_dir, float_in
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ..replay.chunk_match import format_summary, match_chunks
+    from ..bundle.bundle import resolve_bundles
+    from ..replay.chunk_match import check_atol, format_summary, match_chunks
     from ..replay.chunkbag import (
         action_scale,
         noise_stream_problem,
@@ -21,13 +22,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     from ..replay.run_settings import tolerance_from_args
 
-    check_report_dir(args.report, args.force, "compare")  # before reading: nothing runs
+    # before reading: no output inside an input, nothing replaced that is not ours
+    check_paths([("--report", args.report)], [("A", args.a), ("B", args.b),
+                                               ("--bundle-root", args.bundle_root)])
+    check_report_dir(args.report, args.force, "compare")
+    if args.bundle_root:  # a root that is not there (or holds no bundle) is refused, not ignored
+        try:
+            resolve_bundles(Path(args.bundle_root))
+        except MolmoActError as exc:
+            raise MolmoActError(f"--bundle-root: {exc}") from None
     a, b = read_chunk_bag(Path(args.a)), read_chunk_bag(Path(args.b))
     if Path(args.a).resolve() == Path(args.b).resolve():
         raise MolmoActError("compare A B: A and B are the same bag; give two chunk bags")
     names = b.action_names or a.action_names or [f"dim {i}" for i in range(7)]
     backend = args.backend or a.settings.get("backend", "onnx")
     tol = tolerance_from_args(args, backend)
+    for chunk in list(b.chunks.values())[:1]:
+        check_atol(tol, chunk.shape[-1])
     differences = settings_differences(b.settings, a.settings)
     if differences:
         print("settings differ (A, B in brackets): " + "; ".join(differences))

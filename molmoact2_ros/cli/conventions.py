@@ -199,10 +199,11 @@ def diff_lines(old: Conventions, new: Conventions) -> list[str]:
     return out
 
 
-def write_inside(root: Path, target: Path, text: str) -> None:
+def write_inside(root: Path, target: Path, text: str) -> Path | None:
     """Write ``target`` inside the bundle ``root`` without following a symlink out of it
     (an untrusted bundle must not choose where the write goes): symlinks are refused, the
-    text goes to a temporary file beside the target and replaces it in one step."""
+    previous file is kept beside it (``keep_previous``), the text goes to a temporary file
+    beside the target and replaces it in one step."""
     from ..errors import BundleError
 
     for path in (target.parent, target):
@@ -215,6 +216,9 @@ def write_inside(root: Path, target: Path, text: str) -> None:
     if not Path(os.path.realpath(target.parent)).is_relative_to(real_root):
         raise BundleError(f"{target.parent} resolves outside the bundle {root}; conventions "
                           "--write only writes inside the bundle")
+    from ..util.outputs import keep_previous
+
+    kept = keep_previous(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -223,6 +227,7 @@ def write_inside(root: Path, target: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return kept
 
 
 def _print_decoded(bundle: Bundle) -> bool:
@@ -262,7 +267,9 @@ def cmd_conventions(args: argparse.Namespace) -> int:
             fixed, findings = conventions_from_goldens(bundle, current)
             print(f"-- {target}" if current else f"-- {target} (new)")
             print("\n".join(diff_lines(current or Conventions(), fixed)) or "   (no change)")
-            write_inside(bundle.root, target, fixed.to_json() + "\n")
+            kept = write_inside(bundle.root, target, fixed.to_json() + "\n")
+            if kept is not None:
+                print(f"   previous file kept as {kept}")
             written.append(target)
             findings = check_conventions(bundle)
         ok &= all(f.verdict != MISMATCH for f in findings)

@@ -86,7 +86,7 @@ def _replay_one(args: argparse.Namespace) -> int:
                                enabled=not args.no_progress,
                                every=max(1, -(-bag_topics.total // 10)))
         if args.record:
-            prepare_output(Path(args.record), force=True, what="--record bag")
+            prepare_output(Path(args.record), force=args.force, what="--record bag")
             steps = getattr(controller.policy, "flow_steps", settings.flow_steps())
             norm = getattr(getattr(controller.policy, "norm_stats", None), "action", None)
             state["writer"] = ChunkBagWriter(

@@ -10,6 +10,7 @@ interrupted run resumes where it stopped. Both paths run the same ``check_bag``
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,14 +25,14 @@ from ..replay.fleet import (
     verdict_line,
     write_merged,
 )
-from ..replay.fleet_worker import check_bag, close_worker, setup_worker
+from ..replay.fleet_worker import PARTIAL, check_bag, close_worker, setup_worker
 from ..util.ledger import LedgerWriter, read_ledger
 from ..util.progress import counter
 
 #: the options a worker needs (everything else is the driver's)
 WORKER_OPTIONS = ("bundle_root", "variant", "backend", "instruction", "seed", "flow_steps",
                   "max_age", "namespace", "set", "storage", "bag_version", "min_cosine", "atol",
-                  "rtol", "min_within", "min_produced", "appbuilder")
+                  "rtol", "min_within", "min_produced", "appbuilder", "force")
 LEDGER = "verdicts.jsonl"
 
 
@@ -57,13 +58,16 @@ def _resume(args: argparse.Namespace, items: list[BagItem]) -> tuple[list[dict],
     """The verdicts already in ``--report DIR`` (resume), after checking they are this run's."""
     if not args.report:
         return [], None
-    report = Path(args.report)
-    if report.exists() and not report.is_dir():
-        raise MolmoActError(f"--report {report} is a file; give a folder")
+    from ..util.outputs import check_file, check_folder, remove
+
+    report = check_folder(args.report, what="--report")
     ledger = report / LEDGER
+    for name in (LEDGER, "summary.json", "summary.md"):  # only files this package wrote
+        if os.path.lexists(report / name):
+            check_file(report / name, force=True, what="--report file")
     if args.force:
         for name in (LEDGER, "summary.json", "summary.md"):
-            (report / name).unlink(missing_ok=True)
+            remove(report / name, what="--report file")
     elif (report / "summary.json").exists():
         raise MolmoActError(f"--report {report} holds a finished report; choose a new folder "
                             "or pass --force to start over")
@@ -86,14 +90,19 @@ def cmd_replay_many(args: argparse.Namespace) -> int:
         if not Path(bag).exists():
             raise MolmoActError(f"bag {bag} does not exist")
     if args.record_dir:
-        Path(args.record_dir).mkdir(parents=True, exist_ok=True)
+        from ..util.outputs import check_folder
+
+        check_folder(args.record_dir, what="--record-dir").mkdir(parents=True, exist_ok=True)
     items = pair_bags(args.bags, golden_dir=args.golden_dir or "", record_dir=args.record_dir or "")
     done, ledger_path = _resume(args, items)
-    if args.record_dir and not done:
+    if args.record_dir:  # a resumed run as well: an earlier run's golden needs --force
         from ..replay.bagio import check_output
 
+        finished = {v["bag"] for v in done}
         for item in items:
-            check_output(Path(item.record), args.force, "--record-dir bag")
+            if item.name not in finished:
+                check_output(Path(item.record), args.force, "--record-dir bag")
+                check_output(Path(item.record + PARTIAL), True, "--record-dir bag")
     if done:
         print(f"resuming: {len(done)} of {len(items)} bags already in {ledger_path}")
     options = {k: getattr(args, k) for k in WORKER_OPTIONS}

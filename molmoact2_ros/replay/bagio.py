@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -131,27 +130,18 @@ def check_bag(path: Path, topics: Sequence[str], types: Sequence[Sequence[str]])
 
 
 def check_output(path: Path, force: bool, what: str = "output bag") -> Path:
-    """Refuse an existing output unless ``force``, and even then a folder that is not a
-    rosbag2 (so a mistyped path cannot delete a workspace). Writes nothing."""
-    path = Path(path)
-    if not path.exists():
-        if not path.parent.is_dir():
-            raise BagError(f"{what} {path}: folder {path.parent} does not exist")
-        return path
-    if not force:
-        raise BagError(f"{what} {path} exists already; choose a new path or pass --force to "
-                       "overwrite it")
-    if path.is_dir() and not (path / "metadata.yaml").is_file() and any(path.iterdir()):
-        raise BagError(f"{what} {path} is a non-empty folder that is not a rosbag2; "
-                       "refusing to overwrite it even with --force")
-    return path
+    """Refuse an existing output unless ``force``, and even then anything but a bag this
+    package recorded (``util/outputs.py``): a symlink, a file, a folder it did not write.
+    Writes nothing; call before any work."""
+    from ..util.outputs import check_bag
+
+    return check_bag(path, force=force, what=what)
 
 
 def prepare_output(path: Path, force: bool, what: str = "output bag") -> Path:
     """``check_output``, then remove the old output; call once the input has been checked."""
+    from ..util.outputs import remove
+
     path = check_output(path, force, what)
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
+    remove(path, what=what)
     return path

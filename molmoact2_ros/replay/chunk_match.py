@@ -136,6 +136,15 @@ class MatchSummary:
         }
 
 
+def check_atol(tol: Limits, dims: int) -> None:
+    """A per-dimension ``--atol`` must give one value per action dimension."""
+    from ..errors import MolmoActError
+
+    if isinstance(tol.atol, tuple) and len(tol.atol) != dims:
+        raise MolmoActError(f"--atol gives {len(tol.atol)} values but the actions have {dims} "
+                            f"dimensions; give one value, or {dims} separated by commas")
+
+
 def match_chunks(produced: Mapping[int, np.ndarray], golden: Mapping[int, np.ndarray],
                  tol: Limits, *, min_produced: float = 1.0,
                  scale: ActionScale | None = None) -> MatchSummary:
@@ -146,6 +155,8 @@ def match_chunks(produced: Mapping[int, np.ndarray], golden: Mapping[int, np.nda
     matches, nothing is extra and at least ``min_produced`` of the golden chunks were produced
     (live ``ros2 bag play`` may skip observations; file replay should produce all).
     """
+    for chunk in list(golden.values())[:1]:
+        check_atol(tol, np.shape(chunk)[-1])
     chunks = [chunk_metrics(s, produced[s], golden[s], tol, scale)
               for s in sorted(produced) if s in golden]
     return MatchSummary(

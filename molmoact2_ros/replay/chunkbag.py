@@ -12,6 +12,7 @@ import numpy as np
 
 from ..control.controller import Published, chunk_message_fields, trajectory_message_fields
 from ..errors import BagError, GoldenError
+from ..util.outputs import begin_bag, seal_bag
 from .bagio import ACTION_CHUNK_TYPE, BAG_VERSIONS, open_bag, rosbags_modules, typestore
 from .chunk_match import ActionScale
 
@@ -134,6 +135,7 @@ class ChunkBagWriter:
         plugin = rosbag2.StoragePlugin.MCAP if mcap else rosbag2.StoragePlugin.SQLITE3
         self._writer = rosbag2.Writer(self.path, version=version, storage_plugin=plugin)
         self._writer.open()
+        begin_bag(self.path)
         self._info = info
         self._closed = False
         self._chunk = self._writer.add_connection(CHUNK_TOPIC, ACTION_CHUNK_TYPE,
@@ -163,6 +165,7 @@ class ChunkBagWriter:
             self._closed = True
             self._write_settings(0)
             self._writer.close()
+            seal_bag(self.path)
 
 
 def _time(types, ns: int, kind: str = "builtin_interfaces/msg/Time"):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MolmoActError
+from ..util.outputs import write_file
 
 #: verdict fields that measure time: they differ between two runs of the same check
 TIMING_FIELDS = ("seconds",)
@@ -172,7 +173,7 @@ def write_merged(folder: Path, report: dict[str, Any]) -> list[Path]:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     js, md = folder / "summary.json", folder / "summary.md"
-    js.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    write_file(js, json.dumps(report, indent=2, sort_keys=True) + "\n", what="--report")
     rows = ["| bag | verdict | chunks passed | missing | extra | worst max-abs | at | differs |",
             "|---|---|---|---|---|---|---|---|"]
     for v in report["verdicts"]:
@@ -185,6 +186,6 @@ def write_merged(folder: Path, report: dict[str, Any]) -> list[Path]:
             f"| {v['bag']} | {v['status']}{error} | {passed} | {v.get('missing', '')} | "
             f"{v.get('extra', '')} | {max_abs} | {where} | "
             f"{'; '.join(v.get('differences', []))} |")
-    md.write_text("# Replay against goldens\n\n" + format_merged(report) + "\n\n" +
-                  "\n".join(rows) + "\n")
+    write_file(md, "# Replay against goldens\n\n" + format_merged(report) + "\n\n" +
+               "\n".join(rows) + "\n", what="--report")
     return [js, md]

@@ -5,7 +5,6 @@ per setting that needs a reload, then bag after bag replayed and checked against
 from __future__ import annotations
 
 import argparse
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -79,13 +78,15 @@ def check_bag(worker: Worker, item: BagItem) -> dict[str, Any]:
 
 
 def _check(worker: Worker, item: BagItem, start: float) -> dict[str, Any]:
+    from ..util.outputs import move_bag, remove
     from .bagio import check_output
     from .chunk_match import match_chunks
     from .chunkbag import ChunkBagWriter, action_scale, run_info, scale_of
     from .replay import replay
     from .run_settings import golden_and_settings
 
-    args = argparse.Namespace(**worker.options, bag=item.bag, golden=item.golden or None,
+    options = {"force": False, **worker.options}
+    args = argparse.Namespace(**options, bag=item.bag, golden=item.golden or None,
                               record=item.record or None)
     if args.golden and not Path(args.golden).exists():
         raise MolmoActError(f"no golden chunk bag {args.golden}; record one with "
@@ -94,8 +95,8 @@ def _check(worker: Worker, item: BagItem, start: float) -> dict[str, Any]:
     noise = np.asarray(trace["noise"], np.float32) if trace is not None else None
     partial = Path(item.record + PARTIAL) if item.record else None
     if partial is not None:  # a killed attempt's leftovers; the golden appears only when done
-        check_output(Path(item.record), True, "--record-dir bag")
-        shutil.rmtree(partial, ignore_errors=True)
+        check_output(Path(item.record), args.force, "--record-dir bag")
+        remove(partial, what="--record-dir bag")
     writer: dict[str, Any] = {"w": None}
 
     def on_active(controller, bag_topics) -> None:
@@ -118,9 +119,8 @@ def _check(worker: Worker, item: BagItem, start: float) -> dict[str, Any]:
     recorded = -1
     if partial is not None:
         target = Path(item.record)
-        if target.exists():
-            shutil.rmtree(target) if target.is_dir() else target.unlink()
-        partial.rename(target)
+        check_output(target, args.force, "--record-dir bag")  # again: time has passed
+        move_bag(partial, target, what="--record-dir bag")
         recorded = writer["w"].count
     summary, names = None, list(settings["action_names"])
     if golden is not None:

@@ -26,6 +26,7 @@ from ..errors import BagError, MolmoActError
 from ..host.image_header import check_image_side
 from ..host.images import decode_compressed, decode_image
 from ..host.state import state_from_joint_state
+from ..util.outputs import begin_bag, seal_bag
 from .bagio import (
     ACTION_CHUNK_TYPE,
     BAG_VERSIONS,
@@ -204,6 +205,7 @@ def write_observation_bag(
     topics = input_topics(settings.with_changes({"compressed_images": bool(compressed)}),
                           namespace)
     with rosbag2.Writer(Path(path), version=version, storage_plugin=plugin) as writer:
+        begin_bag(path)  # the folder exists now: mark it as this package's recording
         kinds = [image_type, image_type, JOINT_STATE_TYPE]
         conns = [writer.add_connection(tp, k, typestore=store) for tp, k in zip(topics, kinds)]
 
@@ -232,6 +234,7 @@ def write_observation_bag(
                 header=header(stamp + 1_000_000 + glitch), name=names,
                 position=np.asarray(state, np.float64), velocity=np.zeros(0), effort=np.zeros(0))
             writer.write(conns[2], stamp + 1_000_000, store.serialize_cdr(js, conns[2].msgtype))
+    seal_bag(path)
 
 
 __all__ = ["ACTION_CHUNK_TYPE", "ChunkBagWriter", "ReplayResult", "chunk_message_fields",

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ..util.outputs import write_file, writing
+
 #: the order the stages run in, for the latency panels
 PIPELINE_ORDER = ("preprocess", "vision", "ipc", "embed", "llm_split0", "llm_split1",
                   "llm_split2", "llm_split3", "action_context", "action_step", "postprocess",
@@ -177,7 +179,8 @@ def write_report(folder: Path, data: ReportData, extra: dict[str, Any]) -> list[
     files = [folder / "summary.json"]
     extra = dict(extra)
     extra["continuity"] = continuity_rows(data)
-    files[0].write_text(json.dumps(extra, indent=2, sort_keys=True, default=_json) + "\n")
+    write_file(files[0], json.dumps(extra, indent=2, sort_keys=True, default=_json) + "\n",
+               what="--report")
     try:
         import matplotlib
 
@@ -372,6 +375,7 @@ def _plot_distribution(plt, folder: Path, data: ReportData) -> Path:
 
 def _save(plt, fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    with writing(path, what="--report") as tmp:
+        fig.savefig(tmp, dpi=90, format="png")
     plt.close(fig)
     return path

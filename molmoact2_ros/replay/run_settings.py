@@ -78,11 +78,15 @@ def golden_and_settings(args: argparse.Namespace):
     else:
         golden_settings = dict(golden.settings) if golden is not None else {}
     changes, differences = run_changes(args, golden_settings)
+    from .chunk_match import check_atol
+
     ok, reason = validate_changes(changes, Settings())
     if not ok:
         raise MolmoActError(reason)
-    return (golden, trace, golden_settings, Settings().with_changes(changes),
-            tolerance_from_args(args, args.backend), differences)
+    settings = Settings().with_changes(changes)
+    tol = tolerance_from_args(args, args.backend)
+    check_atol(tol, len(settings["action_names"]))  # before the run, not at the match
+    return golden, trace, golden_settings, settings, tol, differences
 
 
 def run_changes(args: argparse.Namespace, golden_settings: dict) -> tuple[dict, list[str]]:

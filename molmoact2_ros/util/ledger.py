@@ -9,12 +9,54 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MolmoActError
+from .outputs import OutputRefused, claim_appended
+
+PARTIAL = ".partial"
+
+
+def mend_tail(path: Path) -> Path | None:
+    """Make ``path`` (JSON lines) end with a whole line before appending to it. A last
+    record that lacks only its newline gets it; a torn last line (the process was killed
+    while writing it) is appended to ``path.partial`` and cut from ``path``: set aside, never
+    deleted. Returns the ``.partial`` file when something was set aside."""
+    path = Path(path)
+    if path.is_symlink():
+        raise OutputRefused(f"{path} is a symlink; a ledger is never appended through a link")
+    if not path.exists():
+        return None
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return None
+    cut = data.rfind(b"\n") + 1
+    tail = data[cut:]
+    try:
+        whole = isinstance(json.loads(tail), dict)
+    except ValueError:
+        whole = False
+    if whole:
+        with open(path, "ab") as f:
+            f.write(b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return None
+    aside = path.with_name(path.name + PARTIAL)
+    if aside.is_symlink():
+        raise OutputRefused(f"{aside} is a symlink; remove it (torn ledger lines are set aside "
+                            "there)")
+    with open(aside, "ab") as f:
+        f.write(tail + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+    claim_appended(aside)
+    with open(path, "r+b") as f:
+        f.truncate(cut)
+    return aside
 
 
 def read_ledger(path: Path, key: str) -> list[dict[str, Any]]:
     """The records of ``path`` (none when it does not exist). A torn last line (the process
-    was killed while writing it) is dropped; a record without ``key`` or a second record of
-    the same key is refused, naming the line."""
+    was killed while writing it) is skipped (``LedgerWriter`` sets it aside); a record
+    without ``key`` or a second record of the same key is refused, naming the line."""
     path = Path(path)
     if not path.exists():
         return []
@@ -47,15 +89,9 @@ class LedgerWriter:
         self.key = key
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.keys = {r[key] for r in read_ledger(self.path, key)}
-        self._trim_torn_tail()
+        mend_tail(self.path)
+        claim_appended(self.path)
         self._file = self.path.open("a", encoding="utf-8")
-
-    def _trim_torn_tail(self) -> None:
-        if not self.path.exists():
-            return
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            self.path.write_bytes(data[: data.rfind(b"\n") + 1])
 
     def append(self, record: dict[str, Any]) -> bool:
         """Write ``record`` unless its key is already in the ledger; True when written."""

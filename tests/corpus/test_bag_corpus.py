@@ -126,7 +126,8 @@ REPLAY_CASES = [
     ("record-exists", _raw, ["--record", "{tmp}/existing"],
      r"--record bag .*existing exists already; choose a new path or pass --force"),
     ("force-on-non-bag-folder", _raw, ["--record", "{tmp}/workspace", "--force"],
-     r"is a non-empty folder that is not a rosbag2; refusing to overwrite it even with --force"),
+     r"workspace is not replaced, even with --force: it is a folder this package did not "
+     r"record .*holds notes\.txt"),
     ("record-folder-missing", _raw, ["--record", "{tmp}/no/such/golden"],
      r"folder .*no/such does not exist"),
     ("golden-missing", _raw, ["--golden", "{tmp}/nogolden"],
