@@ -200,6 +200,39 @@ _LIMIT_FIELDS = (
 )
 
 
+def _check_applies(path: Path, where: str, values: dict) -> None:
+    """A row must be able to apply: its precision is fp32, fp16 or the suffix of contexts the
+    bundle holds (``ctx/<component>_<precision>_socid...``), and its tensor one its
+    component's golden holds (a row that never applies would be silently ignored)."""
+    precision, folder = values["precision"], Path(path).parent
+    ctx = folder.parent / "ctx"
+    known = set(PRECISIONS)
+    for p in ctx.glob("*_socid*") if ctx.is_dir() else ():
+        base = p.name.split("_socid")[0]
+        component = max((c for c in COMPONENTS if base.startswith(c)), key=len, default=base)
+        if base[len(component):].lstrip("_"):
+            known.add(base[len(component):].lstrip("_"))
+    if precision not in known:
+        raise BundleError(f"{path}: {where}precision is {precision!r}; it applies to none of "
+                          f"this bundle's contexts: use fp32, fp16 or a context suffix "
+                          f"({', '.join(sorted(known))})")
+    tensor = values.get("tensor")
+    if not tensor:
+        return
+    component = values["component"]
+    pattern = "e2e_trace*.npz" if component == E2E else f"{component}_io.npz"
+    held: set[str] = set()
+    for npz in sorted(folder.glob(pattern)):
+        try:
+            with np.load(npz, allow_pickle=False) as data:
+                held.update(data.files)
+        except (OSError, ValueError):
+            continue  # an unreadable golden is reported where it is read
+    if held and tensor not in held:
+        raise BundleError(f"{path}: {where}tensor {tensor!r} is in no {component} golden "
+                          f"({pattern}); it holds {', '.join(sorted(held))}")
+
+
 def load_tolerances(golden_dir: Path) -> ToleranceTable:
     """``golden/tolerances.json`` if the bundle has one (checked field by field), else the
     defaults. Every row must say ``why`` its limits differ."""
@@ -224,6 +257,7 @@ def load_tolerances(golden_dir: Path) -> ToleranceTable:
             if name in values and not 0.0 < values[name] <= 1.0:
                 raise BundleError(f"{path}: {where}{name} is {values[name]}; it must be in "
                                   "(0, 1]")
+        _check_applies(path, where, values)
         base = PARITY_DEFAULTS.get(values["precision"], W4A16)
         limits = replace(base, **{k: values[k] for k in ("min_cosine", "atol", "rtol",
                                                          "min_within") if k in values})

@@ -29,11 +29,12 @@ def add_ray_args(p: argparse.ArgumentParser, *, what: str, memory_gb: float = 0.
 def fix_ray_address(args: argparse.Namespace, positional: str) -> None:
     """``--ray BAG`` parses BAG as the address: a word that is no address goes back to the
     front of the positional list ``positional`` and ``--ray`` means local."""
-    from ..cluster.connect import LOCAL, is_address
+    from ..cluster.connect import LOCAL, check_address, is_address
 
     if args.ray is not None and not is_address(args.ray):
         getattr(args, positional).insert(0, args.ray)
         args.ray = LOCAL
+    check_address(args.ray)  # before any work: a port that is not one
 
 
 def resources(args: argparse.Namespace):

@@ -36,9 +36,19 @@ def import_ray(purpose: str = "--ray") -> ModuleType:
     return require("ray", purpose)
 
 
+def check_address(address: str) -> None:
+    """Refuse a ``HOST:PORT`` whose port is not a TCP port (``99999`` would be probed as
+    ``99999 % 65536``)."""
+    match = _HOST_PORT.match(address or "")
+    if match is not None and not 1 <= int(match.group(2)) <= 65535:
+        raise ClusterError(f"--ray {address}: port {int(match.group(2))} is outside 1..65535; "
+                           "give the address `ray start --head` printed")
+
+
 def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     """Refuse an address where nothing accepts a TCP connection (``ray.init`` would retry for
     a minute or more before failing)."""
+    check_address(address)
     match = _HOST_PORT.match(address)
     if match is None:
         return

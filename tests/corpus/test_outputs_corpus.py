@@ -305,3 +305,36 @@ def test_atol_with_the_wrong_number_of_values_is_bad_input(command, tiny_root, t
     else:
         argv = ["replay", obs, *common, "--atol", "0.1,0.2"]
     _refused(*_run(argv, capsys), r"--atol gives 2 values but the actions have 7 dimensions")
+
+
+@pytest.mark.parametrize("row, fragment", [
+    ({"precision": "fp64"}, "precision is 'fp64'; it applies to none of this bundle's contexts"),
+    ({"precision": "w8a8"}, "use fp32, fp16 or a context suffix (fp16, fp32, w4a16)"),
+    ({"tensor": "chunks"}, "tensor 'chunks' is in no e2e golden (e2e_trace*.npz)"),
+], ids=["unknown-precision", "precision-without-contexts", "unknown-tensor"])
+def test_tolerance_rows_that_never_apply_are_refused(row, fragment, tiny_root, tmp_path,
+                                                     capsys):
+    """Finding: ``tolerances.json`` rows with an unknown precision or tensor were accepted and
+    never applied."""
+    import shutil
+
+    bundle = tmp_path / "lp_vtp_sd"
+    shutil.copytree(tiny_root / "lp_vtp_sd", bundle)
+    limit = {"component": "e2e", "precision": "fp32", "tensor": "chunk", "atol": 0.1,
+             "why": "a documented difference", **row}
+    (bundle / "golden" / "tolerances.json").write_text(json.dumps(
+        {"format": "molmoact2_tolerances.v1", "limits": [limit]}))
+    rc, out, err = _run(["parity", bundle], capsys)
+    assert rc == 2 and "limits[0]: " in err and fragment in err, out + err
+
+
+def test_ray_port_outside_the_tcp_range_is_refused(tiny_root, tmp_path, capsys):
+    """Finding: ``--ray 127.0.0.1:99999`` passed the address check and was probed at port
+    34463 (99999 mod 65536)."""
+    from molmoact2_ros.cluster.connect import ClusterError, probe
+
+    with pytest.raises(ClusterError, match="port 99999 is outside 1..65535"):
+        probe("127.0.0.1:99999", timeout_s=0.1)
+    rc, out, err = _run(["replay", tmp_path / "bag", "--ray", "127.0.0.1:99999",
+                         "--bundle-root", tiny_root], capsys)
+    _refused(rc, out, err, r"--ray 127\.0\.0\.1:99999: port 99999 is outside 1\.\.65535")
