@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -216,17 +215,10 @@ def write_inside(root: Path, target: Path, text: str) -> Path | None:
     if not Path(os.path.realpath(target.parent)).is_relative_to(real_root):
         raise BundleError(f"{target.parent} resolves outside the bundle {root}; conventions "
                           "--write only writes inside the bundle")
-    from ..util.outputs import keep_previous
+    from ..util.outputs import keep_previous, replace_bytes
 
     kept = keep_previous(target)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_bytes(target, text.encode("utf-8"))
     return kept
 
 

@@ -78,6 +78,12 @@ def _register(path: Path, entry: dict[str, Any] | None) -> None:
     _write_marker(folder, data)
 
 
+def replace_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path`` and move it into place in one step
+    (a reader never sees half a file; an interrupt leaves the old one)."""
+    _atomic(Path(path), data)
+
+
 def _atomic(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
