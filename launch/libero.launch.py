@@ -42,6 +42,12 @@ def _arguments():
         DeclareLaunchArgument("suite", default_value="libero_spatial",
                               description="libero_spatial | libero_object | libero_goal | "
                               "libero_10 | libero_90"),
+        DeclareLaunchArgument("protocol", default_value="published",
+                              description="published (LeRobot's evaluation: every row of a "
+                              "chunk, the suite's steps, 360 px, per-episode seeds) | node (the "
+                              "node's execution.overlap_s)"),
+        DeclareLaunchArgument("render_size", default_value="0",
+                              description="camera renders in px (0: 360, LeRobot's)"),
         DeclareLaunchArgument("tasks", default_value="", description="e.g. 0,3 (empty: all)"),
         DeclareLaunchArgument("episodes", default_value="50",
                               description="episodes per task, one per init state"),
@@ -59,7 +65,9 @@ def _arguments():
         DeclareLaunchArgument("out", default_value="libero_results",
                               description="results folder (an existing ledger resumes)"),
         DeclareLaunchArgument("video", default_value="all", description="all | failures | none"),
-        DeclareLaunchArgument("seed", default_value="0", description="env seed base"),
+        DeclareLaunchArgument("seed", default_value="1000",
+                              description="run seed: each episode's env and noise seeds "
+                              "derive from (suite, task, init, seed)"),
         DeclareLaunchArgument("policy", default_value="true",
                               description="start the policy node here (false: it runs "
                               "elsewhere, e.g. on the board over DDS)"),
@@ -100,7 +108,9 @@ def _launch(context):
             "first_init": int(arg("first_init")), "max_steps": int(arg("max_steps")),
             "settle_steps": int(arg("settle_steps")), "time_mode": mode,
             "latency_ms": float(arg("latency_ms")), "image_rotation": arg("image_rotation"),
-            "out": os.path.abspath(arg("out")), "video": arg("video"), "seed": int(arg("seed")),
+            "out": os.path.abspath(arg("out")) if arg("out").strip() else "",
+            "video": arg("video"), "seed": int(arg("seed")),
+            "protocol": arg("protocol"), "render_size": int(arg("render_size")),
             "policy_node": policy_node, "active_timeout_s": float(arg("active_timeout_s")),
             "compressed_images": compressed, "compressed_format": arg("compressed_format"),
         }],

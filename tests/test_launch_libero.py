@@ -32,13 +32,15 @@ STEPS = 12
 def _launch(tiny_root, out: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["ros2", "launch", "molmoact2_ros", "libero.launch.py", "suite:=libero_spatial",
-         "tasks:=0", f"max_steps:={STEPS}", "settle_steps:=5", "video:=none",
+         "tasks:=0", f"max_steps:={STEPS}", "settle_steps:=5", "video:=none", "render_size:=64",
          f"bundle_root:={tiny_root}", "backend:=onnx", f"out:={out}", *args],
         capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
 
 
 def _records(out: Path) -> list[dict]:
-    return [json.loads(ln) for ln in (out / "episodes.jsonl").read_text().splitlines()]
+    lines = (out / "episodes.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["run"]["protocol"] == "published"  # the settings line
+    return [json.loads(ln) for ln in lines[1:]]
 
 
 def test_libero_launch_runs_two_episodes_across_the_reset_and_exits_0(tiny_root, tmp_path):
@@ -59,7 +61,7 @@ def test_libero_launch_runs_two_episodes_across_the_reset_and_exits_0(tiny_root,
     summary = json.loads((out / "summary.json").read_text())
     assert summary["policy_diagnostics"]["worst"] == "OK", summary["policy_diagnostics"]
     assert summary["policy_diagnostics"]["stalls"] == 0
-    assert "published (LeRobot fine-tune) 98.4%" in text
+    assert "(LeRobot fine-tune)) 98.4%" in text and "protocol: published" in text
 
 
 @pytest.mark.parametrize("args", [

@@ -27,7 +27,7 @@ PERIOD_NS = 50_000_000
 
 @pytest.fixture(scope="module")
 def sim():
-    s = LiberoSim(settle_steps=10)
+    s = LiberoSim(settle_steps=10, camera_size=256)
     yield s
     s.close()
 
@@ -161,7 +161,7 @@ def test_tiny_bundle_episode_writes_ledger_summary_plot_video(sim, tiny_root, tm
     ledger.append(rec.to_json())
     files = write(tmp_path, summarize(ledger.records, {"mode": mode}))
     assert {f.name for f in files} == {"summary.json", "summary.md", "success_by_task.png"}
-    line = json.loads((tmp_path / "episodes.jsonl").read_text().splitlines()[0])
+    line = json.loads((tmp_path / "episodes.jsonl").read_text().splitlines()[1])
     assert line["key"] == f"{SUITE}/{TASK}/0" and line["steps"] == 15 and line["chunks"] >= 2
     assert line["rows_executed"] + line["idle_steps"] == 15
     # the controller's status, sampled after the reset and at the end: never a stall

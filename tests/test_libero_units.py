@@ -95,17 +95,20 @@ def test_summary_per_task_and_suite_with_interval_and_overhead():
     assert s["loop_overhead_pct_of_step"] == 1.0 and s["sim_steps_per_s"] == 3.0
 
 
-def test_ledger_cuts_a_torn_line_and_refuses_duplicates(tmp_path):
+def test_ledger_sets_a_torn_line_aside_and_refuses_duplicates(tmp_path):
     led = Ledger(tmp_path, {"suite": "libero_goal"})
     led.append(_rec("libero_goal/0/0", True))
+    torn = '{"key": "libero_goal/0/1", "succ'
     with open(tmp_path / "episodes.jsonl", "a") as f:
-        f.write('{"key": "libero_goal/0/1", "succ')  # killed while writing
+        f.write(torn)  # killed while writing
     again = Ledger(tmp_path, {"suite": "libero_goal"})
     assert again.done() == {"libero_goal/0/0"}
+    assert (tmp_path / "episodes.jsonl.partial").read_text() == torn + "\n"
     assert again.pending(["libero_goal/0/0", "libero_goal/0/1"]) == ["libero_goal/0/1"]
     again.append(_rec("libero_goal/0/1", False))
     lines = (tmp_path / "episodes.jsonl").read_text().splitlines()
-    assert [json.loads(ln)["key"] for ln in lines] == ["libero_goal/0/0", "libero_goal/0/1"]
+    assert json.loads(lines[0])["run"] == {"suite": "libero_goal"}
+    assert [json.loads(ln)["key"] for ln in lines[1:]] == ["libero_goal/0/0", "libero_goal/0/1"]
     with pytest.raises(LedgerError, match="already"):
         again.append(_rec("libero_goal/0/1", True))
     with pytest.raises(LedgerError, match="other settings"):

@@ -15,7 +15,7 @@ from typing import Any
 ENV_MEMORY_GB = 2.0
 
 
-def run_with_progress(args, settings, todo: list, ledger, total: int) -> int | None:
+def run_with_progress(args, settings, todo: list, ledger, total: int, run: dict) -> int | None:
     """The Ray run of ``molmoact2 libero``: one progress bar over the whole evaluation with the
     running success rate; returns the signal that interrupted it, if one did."""
     from ..util.progress import counter
@@ -39,14 +39,14 @@ def run_with_progress(args, settings, todo: list, ledger, total: int) -> int | N
     try:
         with StopSignals() as signals:
             run_on_ray(args, settings, todo, ledger, total,
-                       lambda: signals.received is not None, on_record)
+                       lambda: signals.received is not None, on_record, run)
     finally:
         bar.close()
     return signals.received
 
 
 def run_on_ray(args, settings, specs_todo: list, ledger, total: int, should_stop,
-               on_record) -> Any:
+               on_record, run: dict) -> Any:
     """Fan ``specs_todo`` out; every finished episode goes to ``ledger`` and ``on_record``.
     Returns the fan-out's statistics."""
     from ..cluster.connect import cluster
@@ -58,10 +58,10 @@ def run_on_ray(args, settings, specs_todo: list, ledger, total: int, should_stop
     out = Path(args.out).resolve()
     options = {
         "image_rotation": args.image_rotation, "settle_steps": args.settle_steps,
+        "camera_size": run["render_px"],
         "settings": settings, "appbuilder": getattr(args, "appbuilder", "installed"),
-        "runner": {"time_mode": args.time_mode, "latency_ms": args.latency_ms,
-                   "max_steps": args.max_steps,
-                   "seed": args.seed if args.seed is not None else 0,
+        "runner": {"time_mode": args.time_mode, "latency_ms": args.latency_ms or 0.0,
+                   "max_steps": run["max_steps"], "seed": args.seed,
                    "video_dir": out / "videos" if args.video != "none" else None,
                    "videos": args.video},
     }

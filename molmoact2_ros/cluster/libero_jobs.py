@@ -26,7 +26,8 @@ def setup_episode_worker(options: dict[str, Any]) -> EpisodeWorker:
 
         use_test_fake()
     sim = LiberoSim(image_rotation=options["image_rotation"],
-                    settle_steps=options["settle_steps"])
+                    settle_steps=options["settle_steps"],
+                    camera_size=options["camera_size"])
     try:
         runner = EpisodeRunner(sim, options["settings"], **options["runner"])
     except BaseException:

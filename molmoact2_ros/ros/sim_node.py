@@ -12,8 +12,9 @@ node rides through) and writes the same ledger, summary and videos as ``molmoact
 
 Time modes (``time_mode``):
 
-- ``lockstep``: when the running chunk is about to end the sim publishes an observation and
-  waits for its chunk (the policy node with ``trigger=on_observation``); sim time stands still;
+- ``lockstep``: when the running chunk has ended (``protocol`` published: every row runs; node:
+  ``overlap_s`` 0.1 s before) the sim publishes an observation and waits for its chunk (the
+  policy node with ``trigger=on_observation``); sim time stands still;
 - ``latency``: the same exchange, but the chunk becomes executable ``latency_ms`` (or the
   measured round trip when 0) of sim time after its observation, while the sim goes on with
   the previous chunk or a zero command;
@@ -47,11 +48,12 @@ from ..control.chunk_io import Published
 from ..control.params import PARAMS_BY_NAME
 from ..control.topics import image_topic
 from ..errors import MolmoActError
-from ..sim.evaluation import finish_run, parse_tasks, plan
+from ..sim.evaluation import check_out, finish_run, parse_tasks, plan
 from ..sim.executor import ChunkExecutor
 from ..sim.ledger import Ledger
 from ..sim.libero_env import DEFAULT_SETTLE_STEPS, LiberoSim, suite_tasks
 from ..sim.policy_status import WorstStatus
+from ..sim.protocol import EXECUTION, PROTOCOLS, RENDER_PX, RUN_SEED, deviations, episode_seeds
 from ..sim.runner import EPISODE_T0_NS, MIN_EPISODE_NS, EpisodeRecord, EpisodeSpec
 from .common import NODE_NAME, new_executor
 
@@ -75,9 +77,10 @@ class LiberoSimNode(rclpy.node.Node):
             ("suite", "libero_spatial"), ("tasks", ""), ("episodes", 1), ("first_init", 0),
             ("max_steps", 0), ("settle_steps", DEFAULT_SETTLE_STEPS), ("image_rotation", "180"),
             ("time_mode", "lockstep"), ("latency_ms", 0.0), ("out", "libero_results"),
-            ("video", "all"), ("seed", 0), ("policy_node", NODE_NAME),
+            ("video", "all"), ("seed", RUN_SEED), ("policy_node", NODE_NAME),
+            ("protocol", "published"), ("render_size", 0),
             ("active_timeout_s", 300.0), ("chunk_timeout_s", 120.0), ("republish_s", 10.0),
-            ("overlap_s", 0.0), ("frame_id", "libero"),
+            ("overlap_s", -1.0), ("frame_id", "libero"),
             ("compressed_images", False), ("compressed_format", "jpeg"),
             ("topics.image_primary", PARAMS_BY_NAME["topics.image_primary"].default),
             ("topics.image_wrist", PARAMS_BY_NAME["topics.image_wrist"].default),
@@ -88,6 +91,12 @@ class LiberoSimNode(rclpy.node.Node):
         if self.p["time_mode"] not in TIME_MODES:
             raise MolmoActError(f"time_mode={self.p['time_mode']!r}; choose one of "
                                 f"{', '.join(TIME_MODES)}")
+        if self.p["protocol"] not in PROTOCOLS:
+            raise MolmoActError(f"protocol={self.p['protocol']!r}; choose one of "
+                                f"{', '.join(PROTOCOLS)}")
+        if self.p["overlap_s"] < 0:  # the protocol's: every row (published), the node's 0.1 s
+            self.p["overlap_s"] = float(EXECUTION[self.p["protocol"]].get(
+                "execution.overlap_s", PARAMS_BY_NAME["execution.overlap_s"].default))
         if self.p["compressed_format"] not in COMPRESSED_FORMATS:
             raise MolmoActError(f"compressed_format={self.p['compressed_format']!r}; choose "
                                 f"{' or '.join(COMPRESSED_FORMATS)}")
@@ -183,15 +192,19 @@ class LiberoSimNode(rclpy.node.Node):
             f"(active_timeout_s): see its log for the failed transition (bundle path, backend), "
             f"or activate it: ros2 lifecycle set {self.policy_name} activate")
 
-    def _set_instruction(self, text: str) -> tuple[bool, str]:
+    def _set_instruction(self, text: str, seed: int) -> tuple[bool, str]:
+        """The task's instruction and the episode's noise seed on the policy node."""
         request = SetParameters.Request()
-        request.parameters = [Parameter("instruction", Parameter.Type.STRING,
-                                        text).to_parameter_msg()]
+        request.parameters = [
+            Parameter("instruction", Parameter.Type.STRING, text).to_parameter_msg(),
+            Parameter("seed", Parameter.Type.INTEGER, int(seed)).to_parameter_msg()]
         result = self._call(self._set_params, request, 30.0)
         if result is None:
             return False, f"{self.policy_name}/set_parameters did not answer within 30 s"
-        r = result.results[0]
-        return bool(r.successful), r.reason
+        for r in result.results:
+            if not r.successful:
+                return False, r.reason
+        return True, ""
 
     def _publish_clock(self, ns: int) -> None:
         self.now_ns = int(ns)
@@ -250,20 +263,27 @@ class LiberoSimNode(rclpy.node.Node):
 
     def _run(self) -> int:
         p = self.p
+        out = check_out(p["out"], {}, option="out")
         infos = suite_tasks(p["suite"])
-        tasks = parse_tasks(p["tasks"], len(infos), p["suite"])
+        tasks = parse_tasks(p["tasks"] or None, len(infos), p["suite"], option="tasks")
         specs = plan(p["suite"], tasks, int(p["episodes"]), int(p["first_init"]), infos)
-        run = {"suite": p["suite"], "time_mode": p["time_mode"], "latency_ms": p["latency_ms"],
-               "max_steps": p["max_steps"] or None, "settle_steps": p["settle_steps"],
-               "image_rotation": p["image_rotation"], "seed": p["seed"], "via": "ros"}
-        out = Path(p["out"])
+        steps = infos[0].max_steps
+        run = {"suite": p["suite"], "protocol": p["protocol"], "time_mode": p["time_mode"],
+               "latency_ms": p["latency_ms"], "max_steps": int(p["max_steps"]) or steps,
+               "render_px": int(p["render_size"]) or RENDER_PX,
+               "settle_steps": p["settle_steps"], "image_rotation": p["image_rotation"],
+               "seed": p["seed"], "via": "ros"}
+        published = EXECUTION["published"]["execution.overlap_s"]
+        run["deviations"] = deviations(run, steps, {} if p["overlap_s"] == published else
+                                       {"execution.overlap_s": p["overlap_s"]})
         ledger = Ledger(out, run)
         todo = [s for s in specs if s.key not in ledger.done()]
         self.get_logger().info(f"{len(todo)} of {len(specs)} episodes to run; waiting for "
                                f"{self.policy_name} to be active")
         self._publish_clock(EPISODE_T0_NS)
         self._wait_active()
-        sim = LiberoSim(image_rotation=p["image_rotation"], settle_steps=int(p["settle_steps"]))
+        sim = LiberoSim(image_rotation=p["image_rotation"], settle_steps=int(p["settle_steps"]),
+                        camera_size=run["render_px"])
         try:
             for spec in todo:
                 if self._stop.is_set():
@@ -289,18 +309,25 @@ class LiberoSimNode(rclpy.node.Node):
         rec = EpisodeRecord(spec.key, spec.suite, spec.task_id, spec.init_index, info.language,
                             max_steps=max_steps, settle_steps=sim.settle_steps,
                             time_mode=p["time_mode"], latency_ms=float(p["latency_ms"]))
-        ok, reason = self._set_instruction(info.language)
+        seeds = episode_seeds(spec.suite, spec.task_id, spec.init_index, int(p["seed"]))
+        rec.env_seed, rec.noise_seed = seeds["env_seed"], seeds["noise_seed"]
+        stem = f"{spec.suite}_task{spec.task_id:02d}_init{spec.init_index:02d}"
+        ok, reason = self._set_instruction(info.language, rec.noise_seed)
         if not ok:
             rec.status, rec.reason = "refused", reason
             self.get_logger().warn(f"{spec.key}: instruction refused: {reason}")
+            if p["video"] == "all":
+                from ..sim.video import EpisodeVideo
+
+                video = EpisodeVideo(out / "videos", stem, info.language, size=sim.camera_size)
+                rec.video = str(video.finish("refused", reason).relative_to(out))
             return rec
         # from here to the episode's last step, across the reset: the policy node's statuses
         status = self._policy_status = WorstStatus()
         t0 = EPISODE_T0_NS + sim.settle_steps * self.period_ns
         # run the clock far enough that the jump back to t0 is a reset for the policy node
         self._publish_clock(max(self.now_ns, t0 + MIN_EPISODE_NS))
-        obs = sim.reset(spec.suite, spec.task_id, spec.init_index,
-                        seed=int(p["seed"]) + spec.init_index)
+        obs = sim.reset(spec.suite, spec.task_id, spec.init_index, seed=rec.env_seed)
         rec.timing.reset_s = sim.timing.get("reset_s", 0.0)
         rec.timing.build_s = sim.timing.pop("build_s", 0.0)
         self._publish_clock(t0)
@@ -311,8 +338,7 @@ class LiberoSimNode(rclpy.node.Node):
         if p["video"] != "none":
             from ..sim.video import EpisodeVideo
 
-            name = f"{spec.suite}_task{spec.task_id:02d}_init{spec.init_index:02d}.mp4"
-            video = EpisodeVideo(out / "videos" / name, info.language)
+            video = EpisodeVideo(out / "videos", stem, info.language, size=sim.camera_size)
             video.add(obs.raw_images, 0, obs.success)
         mode = p["time_mode"]
         latency_est_ns = 0
@@ -352,6 +378,8 @@ class LiberoSimNode(rclpy.node.Node):
                 rec.steps = obs.step
                 if obs.success or self._stop.is_set():
                     break
+            if video is not None and (obs.success or not self._stop.is_set()):
+                video.finish("success" if obs.success else "failure")
         finally:
             self._policy_status = None
             if video is not None:
@@ -369,7 +397,10 @@ class LiberoSimNode(rclpy.node.Node):
         rec.timing.sim_steps_per_s = round(rec.steps / loop_s, 3) if loop_s > 0 else 0.0
         rec.timing.wall_s = round(time.perf_counter() - wall0, 3)
         if video is not None:
-            rec.video = str(video.path.relative_to(out))
+            if p["video"] == "failures" and rec.success:
+                video.path.unlink(missing_ok=True)
+            else:
+                rec.video = str(video.path.relative_to(out))
         return rec
 
     def _await_chunk(self, stamp: int, executor: ChunkExecutor, rec: EpisodeRecord,

@@ -23,14 +23,12 @@ import numpy as np
 
 from ..errors import MissingDependencyError, MolmoActError
 from ..host.state import state_from_pose
+from .protocol import MAX_STEPS, RENDER_PX, SETTLE_STEPS, max_steps_of
 
-#: Maximum policy steps per suite (the OpenVLA / LeRobot evaluation).
-MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300,
-             "libero_10": 520, "libero_90": 400}
 STANDARD_SUITES = tuple(MAX_STEPS)
 #: Zero-action steps with an open gripper before the policy starts. The published
 #: MolmoAct2-LIBERO evaluation (LeRobot) waits 50 steps; OpenVLA's run_libero_eval waits 10.
-DEFAULT_SETTLE_STEPS = 50
+DEFAULT_SETTLE_STEPS = SETTLE_STEPS
 #: LIBERO's control rate: 20 Hz.
 CONTROL_PERIOD_S = 0.05
 CAMERAS = ("agentview_image", "robot0_eye_in_hand_image")
@@ -205,14 +203,6 @@ def suite_tasks(suite: str) -> list[TaskInfo]:
     return out
 
 
-def max_steps_of(suite: str) -> int:
-    """The suite's step budget; derived suites (LIBERO-PRO) take their base suite's."""
-    for base in sorted(MAX_STEPS, key=len, reverse=True):
-        if suite == base or suite.startswith(base + "_"):
-            return MAX_STEPS[base]
-    return max(MAX_STEPS.values())
-
-
 class LiberoSim:
     """One LIBERO env on its own thread: select a task and init state, settle, step.
 
@@ -225,12 +215,15 @@ class LiberoSim:
         *,
         image_rotation: str = "180",
         settle_steps: int = DEFAULT_SETTLE_STEPS,
-        camera_size: int = 256,
+        camera_size: int = RENDER_PX,
         cameras: bool = True,
     ) -> None:
         rotate(np.zeros((1, 1, 3), np.uint8), image_rotation)  # validate early
         if settle_steps < 0:
             raise SimError(f"settle_steps={settle_steps} must be >= 0")
+        if not 16 <= camera_size <= 2048:
+            raise SimError(f"camera_size={camera_size} px; choose 16..2048 (published "
+                           f"{RENDER_PX})")
         self.image_rotation = image_rotation
         self.settle_steps = int(settle_steps)
         self.camera_size = int(camera_size)
@@ -250,6 +243,9 @@ class LiberoSim:
         self.clipped_values = 0
         #: wall time of the last bare ``env.step`` (physics + rendering), measured on its thread
         self.last_env_step_s = 0.0
+        #: told on the env thread when ``reset`` enters ``build`` (the task's env), ``reset``
+        #: and ``settle`` (a progress line can name what the wait is for)
+        self.on_phase: Callable[[str], None] | None = None
         try:
             self._thread.call(self._setup)
         except BaseException:
@@ -281,6 +277,7 @@ class LiberoSim:
         if self._env_key == (suite, task_id):
             return info
         self._close_env()
+        self._phase("build")
         _, get_libero_path, env_cls = self._libero
         bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
         t = time.perf_counter()
@@ -305,11 +302,13 @@ class LiberoSim:
             raise SimError(f"{suite} task {task_id} has init states 0..{info.num_inits - 1}; "
                            f"init {init_index} does not exist")
         env = self._env
+        self._phase("reset")
         t = time.perf_counter()
         env.seed(int(seed))
         env.reset()
         obs = env.set_init_state(self._init_states[init_index])
         self.timing["reset_s"] = time.perf_counter() - t
+        self._phase("settle")
         t = time.perf_counter()
         for _ in range(self.settle_steps):
             obs, _, _, _ = env.step(list(SETTLE_ACTION))
@@ -319,6 +318,10 @@ class LiberoSim:
         self.clipped_steps = 0
         self.clipped_values = 0
         return self._observation(obs, 0)
+
+    def _phase(self, name: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(name)
 
     def _do_step(self, action: np.ndarray) -> SimStep:
         if self._env is None:

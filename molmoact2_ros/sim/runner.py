@@ -38,6 +38,7 @@ from ..errors import MolmoActError
 from .executor import ChunkExecutor
 from .libero_env import LiberoSim, SimStep
 from .policy_status import WorstStatus
+from .protocol import EXECUTION, episode_seeds
 
 TIME_MODES = ("lockstep", "latency", "realtime")
 #: Sim time of each episode's reset; every episode starts here again (a backward clock jump).
@@ -46,10 +47,10 @@ EPISODE_T0_NS = 1_000_000_000
 #: so that the jump back is a clock reset for the controller (``CLOCK_JUMP_BACK_S``), however
 #: early the last episode ended.
 MIN_EPISODE_NS = int((CLOCK_JUMP_BACK_S + 0.5) * 1e9)
-#: Settings the evaluation uses unless told otherwise: infer when the chunk is consumed (each
-#: chunk runs to its end, as the published evaluation), LIBERO's delta end-effector rows,
-#: reproducible noise; everything else is the node's default.
-EVAL_DEFAULTS = {"trigger": "chunk_consumed", "execution.action_type": "delta", "seed": 7}
+#: The node protocol's settings: infer when the chunk is consumed (the node's
+#: ``execution.overlap_s`` early), LIBERO's delta end-effector rows, reproducible noise;
+#: everything else is the node's default. ``protocol.EXECUTION`` holds both protocols'.
+EVAL_DEFAULTS = {**EXECUTION["node"], "seed": 7}
 #: The controller's status is sampled every this many steps (1 s of sim time, as the node's
 #: diagnostics), after the reset and at the end of each episode.
 DIAGNOSTICS_STEPS = 20
@@ -100,6 +101,9 @@ class EpisodeRecord:
     status: str = "ok"
     reason: str = ""
     success: bool = False
+    #: the episode's env and flow-noise seeds (``protocol.episode_seeds``)
+    env_seed: int = 0
+    noise_seed: int = 0
     steps: int = 0
     max_steps: int = 0
     settle_steps: int = 0
@@ -248,6 +252,11 @@ class EpisodeRunner:
             p.running = True
         #: called after every step with the episode and its observation (progress, tests)
         self.on_step: Callable[[EpisodeSpec, SimStep], None] | None = None
+        #: called when an episode enters a phase: ``build`` (the task's env), ``reset``,
+        #: ``settle``, ``run``, ``video`` (from the env thread during the first three)
+        self.on_phase: Callable[[EpisodeSpec, str], None] | None = None
+        #: the running episode's record so far (its chunks, for a status line)
+        self.current: EpisodeRecord | None = None
         self.should_stop: Callable[[], bool] | None = None
 
     @property
@@ -265,10 +274,19 @@ class EpisodeRunner:
         if not 0 <= spec.init_index < info.num_inits:
             raise MolmoActError(f"{spec.suite} task {spec.task_id} has init states "
                                 f"0..{info.num_inits - 1}; init {spec.init_index} does not exist")
-        ok, reason, _ = self.controller.request({"instruction": info.language})
+        self.current = rec
+        seeds = episode_seeds(spec.suite, spec.task_id, spec.init_index, self.seed)
+        rec.env_seed, rec.noise_seed = seeds["env_seed"], seeds["noise_seed"]
+        ok, reason, _ = self.controller.request({"instruction": info.language,
+                                                 "seed": rec.noise_seed})
         if not ok:
             rec.status, rec.reason = "refused", reason
             log.warning("%s: instruction refused: %s", spec.key, reason)
+            video = self._video(spec, info.language)
+            if video is not None:
+                self._phase(spec, "video")
+                video.finish("refused", reason)
+                rec.video = self._video_path(video)
             rec.timing.wall_s = time.perf_counter() - wall0
             return rec
         t0 = EPISODE_T0_NS + self.sim.settle_steps * self.period_ns
@@ -277,8 +295,12 @@ class EpisodeRunner:
             self.clock.advance_to(t0 + MIN_EPISODE_NS)
             self.controller.tick()
         t = time.perf_counter()
-        obs = self.sim.reset(spec.suite, spec.task_id, spec.init_index,
-                             seed=self.seed + spec.init_index)
+        self.sim.on_phase = lambda phase: self._phase(spec, phase)
+        try:
+            obs = self.sim.reset(spec.suite, spec.task_id, spec.init_index, seed=rec.env_seed)
+        finally:
+            self.sim.on_phase = None
+        self._phase(spec, "run")
         rec.timing.reset_s = self.sim.timing.get("reset_s", time.perf_counter() - t)
         rec.timing.build_s = self.sim.timing.pop("build_s", 0.0)
         rec.timing.settle_s = self.sim.timing.get("settle_s", 0.0)
@@ -346,6 +368,9 @@ class EpisodeRunner:
                     break
                 if self.should_stop is not None and self.should_stop():
                     return None
+            if video is not None:
+                self._phase(spec, "video")
+                video.finish("success" if obs.success else "failure")
         finally:
             if video is not None:
                 video.close()
@@ -373,10 +398,16 @@ class EpisodeRunner:
             if self.videos == "failures" and rec.success:
                 video.path.unlink(missing_ok=True)
             else:
-                rec.video = str(video.path.relative_to(self.video_dir.parent)
-                                if self.video_dir.parent in video.path.parents
-                                else video.path)
+                rec.video = self._video_path(video)
         return rec
+
+    def _phase(self, spec: EpisodeSpec, phase: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(spec, phase)
+
+    def _video_path(self, video) -> str:
+        return str(video.path.relative_to(self.video_dir.parent)
+                   if self.video_dir.parent in video.path.parents else video.path)
 
     def _sample(self, status: WorstStatus) -> None:
         d = self.controller.diagnostics()
@@ -387,8 +418,8 @@ class EpisodeRunner:
             return None
         from .video import EpisodeVideo
 
-        name = f"{spec.suite}_task{spec.task_id:02d}_init{spec.init_index:02d}.mp4"
-        return EpisodeVideo(self.video_dir / name, instruction)
+        stem = f"{spec.suite}_task{spec.task_id:02d}_init{spec.init_index:02d}"
+        return EpisodeVideo(self.video_dir, stem, instruction, size=self.sim.camera_size)
 
     def close(self) -> None:
         """Release the policy (the simulator belongs to the caller)."""

@@ -13,14 +13,22 @@ from typing import Any
 import numpy as np
 
 from .policy_status import summarize_statuses
+from .protocol import LEROBOT_COMMIT, RATES, published_rates
 
-#: MolmoAct2-LIBERO's published success rates (%) to compare a deployment with: the LeRobot
-#: fine-tune per suite (average 98.25%); the original release averaged 97.2%.
-PUBLISHED = {"libero_spatial": 98.4, "libero_object": 100.0, "libero_goal": 98.0,
-             "libero_10": 96.6}
-PUBLISHED_AVERAGE = 98.25
-ORIGINAL_AVERAGE = 97.2
+#: MolmoAct2-LIBERO's published success rates (%) of the LeRobot fine-tune per suite (the
+#: rates of grid_sampler and lp_vtp_sd; fused reads the original's, ``protocol.RATES``)
+PUBLISHED = RATES["lerobot_finetune"]["rates"]
+PUBLISHED_AVERAGE = RATES["lerobot_finetune"]["average"]
+ORIGINAL_AVERAGE = RATES["original"]["average"]
 Z95 = 1.959963984540054
+#: ``summary.json``'s ``format``, and ``summary.md``'s first line: how a later run knows the
+#: files are this command's to rewrite
+SUMMARY_FORMAT = "molmoact2-libero-summary/1"
+MD_MARKER = "<!-- molmoact2 libero summary: rewritten by each run of this folder -->"
+PNG_SOFTWARE = "molmoact2 libero"
+SYNTHETIC_NOTE = ("a random-weight test bundle: 0% success is expected; the run still proves "
+                  "the loop (observation, chunk, rows, simulator), the timing and the videos, "
+                  "not the model")
 
 
 def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -51,7 +59,10 @@ def _percentiles(values: list[float]) -> dict[str, float]:
 
 
 def summarize(records: list[dict[str, Any]], run: dict[str, Any] | None = None) -> dict:
-    """Plain-data summary of ledger records (any order; several suites allowed)."""
+    """Plain-data summary of ledger records (any order; several suites allowed) against the
+    published rates of the run's variant, with the run's protocol and deviations."""
+    run = run or {}
+    rates = published_rates(run.get("variant", "grid_sampler"))
     by_suite: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         by_suite[r["suite"]].append(r)
@@ -70,7 +81,7 @@ def summarize(records: list[dict[str, Any]], run: dict[str, Any] | None = None) 
                 "refused": len(refused),
                 **({"refused_reason": refused[0]} if refused else {}),
             }
-        pub = PUBLISHED.get(suite)
+        pub = rates["rates"].get(suite)
         suites[suite] = {**_rate(recs), "published_rate": pub / 100 if pub else None,
                          "tasks": tasks}
     done = [r for r in records if r.get("status") == "ok"]
@@ -87,11 +98,17 @@ def summarize(records: list[dict[str, Any]], run: dict[str, Any] | None = None) 
     mean_env = float(np.average(env_ms, weights=wsteps)) if env_ms else 0.0
     mean_over = float(np.average(over_ms, weights=wsteps)) if over_ms else 0.0
     return {
-        "run": run or {},
+        "format": SUMMARY_FORMAT,
+        "run": run,
+        "protocol": {"name": run.get("protocol", "published"),
+                     "reference": f"LeRobot lerobot-eval, huggingface/lerobot "
+                                  f"{LEROBOT_COMMIT[:8]}",
+                     "deviations": list(run.get("deviations", []))},
+        "synthetic_bundle": bool(run.get("synthetic_bundle")),
         "total": _rate(records),
         "suites": suites,
-        "published": {"lerobot_finetune": PUBLISHED, "lerobot_average": PUBLISHED_AVERAGE,
-                      "original_average": ORIGINAL_AVERAGE},
+        "published": {"model": rates["model"], "rates": rates["rates"],
+                      "average": rates["average"], "source": rates["source"]},
         "steps": {"total": steps, "mean": round(steps / len(done), 2) if done else 0.0},
         "chunk_latency_sim_ms": _percentiles([x for r in done for x in r["chunk_latency_ms"]]),
         "inference_wall_ms": _percentiles([x for t in timing for x in t.get("inference_ms", [])]),
@@ -114,6 +131,18 @@ def summarize(records: list[dict[str, Any]], run: dict[str, Any] | None = None) 
     }
 
 
+def protocol_lines(summary: dict) -> list[str]:
+    """Which protocol ran, every deviation from the published one, and the test-bundle note."""
+    p = summary["protocol"]
+    devs = p["deviations"]
+    lines = [f"protocol: {p['name']} (the published evaluation: {p['reference']}); "
+             + ("deviations: none" if not devs else f"{len(devs)} deviations: "
+                + "; ".join(devs))]
+    if summary.get("synthetic_bundle"):
+        lines.append(f"bundle: {SYNTHETIC_NOTE}")
+    return lines
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
@@ -129,10 +158,13 @@ def _status(summary: dict) -> str:
 def markdown(summary: dict) -> str:
     """``summary.md``: the tables a person reads against the published rates."""
     run = summary.get("run", {})
-    lines = ["# LIBERO evaluation", ""]
+    pub = summary["published"]
+    lines = [MD_MARKER, "# LIBERO evaluation", ""]
+    lines += protocol_lines(summary) + [""]
     if run:
-        lines += ["Run: " + ", ".join(f"{k}={run[k]}" for k in sorted(run)), ""]
-    lines += ["| suite | episodes | success | 95% CI (Wilson) | published (LeRobot fine-tune) |",
+        lines += ["Run: " + ", ".join(f"{k}={run[k]}" for k in sorted(run)
+                                      if k != "deviations"), ""]
+    lines += [f"| suite | episodes | success | 95% CI (Wilson) | published ({pub['model']}) |",
               "|---|---|---|---|---|"]
     for suite, s in summary["suites"].items():
         lo, hi = s["ci95"]
@@ -140,8 +172,8 @@ def markdown(summary: dict) -> str:
                      f"{_pct(lo)} - {_pct(hi)} | {_pct(s['published_rate'])} |")
     t = summary["total"]
     lines.append(f"| all | {t['episodes']} | {_pct(t['success_rate'])} | {_pct(t['ci95'][0])} - "
-                 f"{_pct(t['ci95'][1])} | average {PUBLISHED_AVERAGE}% (original "
-                 f"{ORIGINAL_AVERAGE}%) |")
+                 f"{_pct(t['ci95'][1])} | average {pub['average']}% |")
+    lines += ["", f"Published rates: {pub['source']}."]
     lines += ["", "A published rate inside the interval: no evidence the deployment differs. "
               "Above it: the deployment loses success; look at the failing tasks' videos.", ""]
     lines += ["| suite | task | episodes | success | 95% CI | mean steps | instruction |",
@@ -214,14 +246,45 @@ def plot(summary: dict, path: Path) -> bool:
     ax.set_title("LIBERO success by task")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, metadata={"Software": PNG_SOFTWARE})
     plt.close(fig)
     return True
 
 
+SUMMARY_FILES = ("summary.json", "summary.md", "success_by_task.png")
+
+
+def written_here(path: Path) -> bool:
+    """Whether ``path`` (one of ``SUMMARY_FILES``) is absent or this command's to rewrite."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return True
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        head = path.read_bytes()[:1 << 20]
+    except OSError:
+        return False
+    if path.suffix == ".json":
+        try:
+            return json.loads(head).get("format") == SUMMARY_FORMAT
+        except (ValueError, AttributeError):
+            return False
+    if path.suffix == ".md":
+        return head.startswith(MD_MARKER.encode())
+    return head.startswith(b"\x89PNG") and PNG_SOFTWARE.encode() in head
+
+
 def write(folder: Path, summary: dict) -> list[Path]:
-    """``summary.json``, ``summary.md`` and ``success_by_task.png`` (when matplotlib is there)."""
+    """``summary.json``, ``summary.md`` and ``success_by_task.png`` (when matplotlib is there);
+    a file of that name this command did not write is refused, not replaced."""
+    from ..errors import MolmoActError
+
     folder = Path(folder)
+    for name in SUMMARY_FILES:
+        if not written_here(folder / name):
+            raise MolmoActError(f"{folder / name} was not written by molmoact2 libero; it is "
+                                "left as it is: move it or choose a new --out folder")
     out = [folder / "summary.json", folder / "summary.md"]
     out[0].write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     out[1].write_text(markdown(summary), encoding="utf-8")
