@@ -109,3 +109,67 @@ def test_not_a_molmoact_checkpoint(tmp_path):
                                 str(tmp_path / "m.safetensors"))
     with pytest.raises(BundleError, match="no tensor ending in"):
         embedding_table(tmp_path)
+
+
+def _lerobot_processor(ckpt, stats: dict, *, mode: str | None = "QUANTILES"):
+    """A LeRobot fine-tune's normaliser state as LeRobot saves it: flat ``feature.stat`` keys
+    in the preprocessor step's safetensors, the mode in policy_preprocessor.json's norm_map."""
+    name = "policy_preprocessor_step_3_normalizer_processor.safetensors"
+    tensors = {}
+    for ours, feature in (("state_stats", "observation.state"), ("action_stats", "action")):
+        for stat in ("q01", "q99", "min", "max", "mean", "std"):
+            tensors[f"{feature}.{stat}"] = np.asarray(stats[ours][stat], np.float32)
+        tensors[f"{feature}.mask"] = np.asarray(stats[ours]["mask"], bool)
+    safetensors_numpy.save_file(tensors, str(ckpt / name))
+    if mode:
+        config = {"name": "policy_preprocessor", "steps": [
+            {"registry_name": "normalizer_processor", "state_file": name,
+             "config": {"eps": 1e-8, "norm_map": {"VISUAL": "IDENTITY", "STATE": mode,
+                                                  "ACTION": mode}}}]}
+        (ckpt / "policy_preprocessor.json").write_text(json.dumps(config))
+    return ckpt / name
+
+
+def test_a_lerobot_fine_tunes_processor_stats_replace_the_bundles(tiny_root, tmp_path, capsys):
+    """The fine-tune's own statistics (the processor's), recorded with their source, win over
+    the golden/norm_stats.json the bundle ships."""
+    from molmoact2_ros.bundle.bundle import Bundle
+
+    ckpt, _ = _checkpoint(tiny_root, tmp_path)
+    shipped = json.loads((tiny_root / "grid_sampler" / "norm_stats.json").read_text())
+    tuned = json.loads(json.dumps(shipped["metadata_by_tag"]["libero"]))
+    tuned["action_stats"]["q99"][0] = 0.5  # the fine-tune's dataset differs
+    processor = _lerobot_processor(ckpt, tuned)
+    bundle = _bundle_without_host(tiny_root, tmp_path, "grid_sampler")
+    (bundle / "golden" / "norm_stats.json").write_bytes((bundle / "norm_stats.json").read_bytes())
+    (bundle / "norm_stats.json").unlink()
+    assert cli_main(["export-host", str(ckpt), str(bundle)]) == 0
+    assert f"wrote {bundle / 'norm_stats.json'}" in capsys.readouterr().out
+    stats = Bundle.open(bundle).norm_stats()
+    assert stats.source == f"LeRobot processor {processor}" and stats.mode == "q01_q99"
+    assert stats.action.q99[0] == np.float32(0.5)
+    assert stats.state.mask.tolist() == tuned["state_stats"]["mask"]
+    # a second run does not replace it silently
+    assert cli_main(["export-host", str(ckpt), str(bundle), "--force"]) == 0
+    shutil.rmtree(bundle / "host")
+    assert cli_main(["export-host", str(ckpt), str(bundle)]) == 2
+    assert "norm_stats.json exists; pass --force" in capsys.readouterr().err
+
+
+def test_a_processor_without_its_mode_needs_it_named(tiny_root, tmp_path, capsys):
+    ckpt, _ = _checkpoint(tiny_root, tmp_path)
+    tuned = json.loads((tiny_root / "grid_sampler" / "norm_stats.json").read_text())
+    _lerobot_processor(ckpt, tuned["metadata_by_tag"]["libero"], mode=None)
+    bundle = _bundle_without_host(tiny_root, tmp_path, "grid_sampler")
+    (bundle / "norm_stats.json").unlink()
+    assert cli_main(["export-host", str(ckpt), str(bundle)]) == 2
+    err = capsys.readouterr().err
+    assert "names the normalisation mode; name it with --norm-mode" in err, err
+    assert not (bundle / "norm_stats.json").exists()
+    assert cli_main(["export-host", str(ckpt), str(bundle), "--force", "--norm-mode",
+                     "min_max"]) == 0
+    from molmoact2_ros.bundle.normstats import NormStats
+
+    stats = NormStats.from_json(bundle / "norm_stats.json")
+    lo = tuned["metadata_by_tag"]["libero"]["action_stats"]["min"]
+    assert stats.mode == "min_max" and np.allclose(stats.action.q01, lo)

@@ -21,7 +21,14 @@ from ..errors import BundleError
 from .conventions import Conventions
 from .normstats import NormStats
 from .schema import check_manifest, read_json_object
-from .variants import COMPONENTS, SUFFIX_GROUPS, VARIANTS, VariantSpec, get_variant
+from .variants import (
+    COMPONENTS,
+    SUFFIX_GROUPS,
+    VARIANTS,
+    VariantSpec,
+    download_hint,
+    get_variant,
+)
 
 HOST_FILES = ("tokenizer.json", "embeddings.npy", "prompt.json", "conventions.json")
 #: Smallest size a real context binary can have; anything smaller is a truncated download.
@@ -182,7 +189,8 @@ class Bundle:
             raise BundleError(
                 f"bundle {self.root} ({self.variant.name}, backend {backend}) is incomplete:\n  - "
                 + "\n  - ".join(problems)
-                + "\nre-download the bundle or rebuild it (molmoact2 tiny-bundle for tests)"
+                + f"\n{download_hint(self.variant.name)}, or rebuild it (molmoact2 "
+                "tiny-bundle for tests)"
             )
 
 
@@ -213,7 +221,7 @@ def resolve_bundles(path: Path | str, variant: str | None = None) -> list[tuple[
     folder = Path(path).expanduser()
     if not folder.exists():
         raise BundleError(f"bundle path {folder} does not exist; build one with "
-                          "'molmoact2 tiny-bundle DIR' or download it")
+                          f"'molmoact2 tiny-bundle DIR' or {download_hint(variant, 'one')}")
     if not folder.is_dir():
         raise BundleError(f"bundle path {folder} is a file; give the bundle folder")
     if any((folder / marker).exists() for marker in _BUNDLE_MARKERS):

@@ -216,6 +216,31 @@ VARIANTS: Mapping[str, VariantSpec] = {
 }
 
 
+#: Where each variant's published bundle is (Hugging Face model repositories; several GB each).
+BUNDLE_REPOS: Mapping[str, str] = {
+    "grid_sampler": "xpuenabler/molmoact2-libero_grid_sampler_qnn",
+    "lp_vtp_sd": "xpuenabler/MolmoAct2-LIBERO-LP-VTP-SD",
+    "fused": "xpuenabler/molmoact2-libero_grid_sampler_qnn-visfused-actstepfused",
+}
+#: The checkpoint each variant's host/ comes from (``molmoact2 export-host``); lp_vtp_sd's
+#: bundle names only a "MolmoAct2-LIBERO-ViT10L" base, which is not published.
+HOST_CHECKPOINTS: Mapping[str, str | None] = {
+    "grid_sampler": "xpuenabler/molmoact2-libero_grid_sampler_fine_tuned",
+    "lp_vtp_sd": None,
+    "fused": "allenai/MolmoAct2-LIBERO",
+}
+
+
+def download_hint(variant: str | None = None, what: str = "the bundle") -> str:
+    """How to (re-)download a variant's bundle, naming the repository (every variant's when
+    the variant is not known)."""
+    if variant in BUNDLE_REPOS:
+        return (f"download {what} again: huggingface-cli download {BUNDLE_REPOS[variant]} "
+                f"--local-dir DIR/{variant} (docs/iq9075.md)")
+    repos = ", ".join(f"{v}: {r}" for v, r in BUNDLE_REPOS.items())
+    return f"download {what} from Hugging Face ({repos}; docs/iq9075.md)"
+
+
 def get_variant(name: str) -> VariantSpec:
     """Look a variant up by name, with the list of valid names on failure."""
     try:

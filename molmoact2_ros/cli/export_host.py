@@ -18,6 +18,8 @@ import numpy as np
 
 from ..bundle.checkpoint import TEMPLATE, embedding_table, read_settings
 from ..bundle.conventions import Conventions
+from ..bundle.normstats import NormStats
+from ..bundle.schema import read_json_object
 from ..errors import BundleError, GoldenError
 from ..util.progress import progress
 
@@ -56,8 +58,52 @@ def starting_conventions(bundle: Path, variant: str | None, encoder_mask: str | 
     return conv, notes
 
 
+def export_norm_stats(checkpoint: Path, bundle: Path, meta: dict, *, named: Path | None = None,
+                      mode: str | None = None, force: bool = False,
+                      variant: str | None = None) -> Path | None:
+    """Write ``bundle/norm_stats.json`` with its ``source``: from ``named`` (a norm_stats.json
+    or a LeRobot normaliser safetensors), else the checkpoint's LeRobot processor (a fine-tune's
+    own statistics: they replace any the bundle ships), else the checkpoint's norm_stats.json
+    when the bundle has none. ``mode`` names a mode the source does not. Validated before it
+    is kept; None when nothing was written."""
+    from ..bundle.bundle import Bundle
+    from ..bundle.lerobot_stats import find_processor, stats_from_processor
+
+    target = bundle / "norm_stats.json"
+    source = Path(named).expanduser() if named else find_processor(checkpoint)
+    plain = checkpoint / "norm_stats.json"
+    if source is None:
+        has = target.is_file() or (bundle / "golden" / "norm_stats.json").is_file()
+        if not plain.is_file() or has:
+            return None
+        source = plain
+    elif target.is_file() and not force:
+        raise BundleError(f"{target} exists; pass --force to replace it with the statistics of "
+                          f"{source}")
+    if not source.is_file():
+        raise BundleError(f"--norm-stats {source} does not exist")
+    if source.suffix == ".safetensors":
+        document = stats_from_processor(source, mode, meta)
+    else:
+        document = read_json_object(source, "norm_stats.json")
+        document.setdefault("source", f"norm_stats.json {source}")
+        if mode:
+            document["norm_mode"] = mode
+    tmp = target.with_name(".norm_stats.json.tmp")
+    tmp.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    try:
+        v = Bundle.open(bundle, variant).variant
+        NormStats.from_json(tmp, action_dim=v.action_dim, state_dim=v.state_dim)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(target)
+    return target
+
+
 def export_host(checkpoint: Path, bundle: Path, *, force: bool = False,
-                variant: str | None = None) -> ExportResult:
+                variant: str | None = None, norm_stats: Path | None = None,
+                norm_mode: str | None = None) -> ExportResult:
     """Write ``bundle/host/`` from ``checkpoint``; existing files are refused unless ``force``."""
     checkpoint, bundle = Path(checkpoint).expanduser(), Path(bundle).expanduser()
     if not checkpoint.is_dir():
@@ -75,6 +121,12 @@ def export_host(checkpoint: Path, bundle: Path, *, force: bool = False,
                           "overwrite them")
     if variant is None and not (bundle / "bundle.json").is_file():
         raise BundleError(f"{bundle} has no bundle.json naming its variant; add --variant")
+    from ..bundle.lerobot_stats import find_processor
+
+    stats_from = norm_stats or find_processor(checkpoint)
+    if stats_from and (bundle / "norm_stats.json").is_file() and not force:
+        raise BundleError(f"{bundle / 'norm_stats.json'} exists; pass --force to replace it "
+                          f"with the statistics of {stats_from}")
     host.mkdir(parents=True, exist_ok=True)
     result = ExportResult()
     norm = checkpoint / "norm_stats.json"
@@ -116,10 +168,10 @@ def export_host(checkpoint: Path, bundle: Path, *, force: bool = False,
             if path.name not in existing:  # files that were there before are left alone
                 path.unlink(missing_ok=True)
         raise
-    if norm.is_file() and not (bundle / "norm_stats.json").is_file() and not (
-            bundle / "golden" / "norm_stats.json").is_file():
-        shutil.copyfile(norm, bundle / "norm_stats.json")
-        result.written.append(bundle / "norm_stats.json")
+    written = export_norm_stats(checkpoint, bundle, meta, named=norm_stats, mode=norm_mode,
+                                force=force, variant=variant)
+    if written is not None:
+        result.written.append(written)
     return result
 
 
@@ -137,7 +189,8 @@ def cmd_export_host(args: argparse.Namespace) -> int:
     check_paths([("output", Path(args.bundle) / "host")], [("checkpoint", args.checkpoint)])
     start = time.perf_counter()
     result = export_host(Path(args.checkpoint), Path(args.bundle), force=args.force,
-                         variant=args.variant)
+                         variant=args.variant, norm_stats=args.norm_stats,
+                         norm_mode=args.norm_mode)
     for path in result.written:
         print(f"wrote {path}")
     print("conventions.json holds what the goldens show; defaults still to verify: "
@@ -166,5 +219,12 @@ def register(subparsers) -> None:
                    "written)")
     p.add_argument("--variant", choices=list(VARIANTS),
                    help="the bundle's variant (default: its bundle.json)")
-    p.add_argument("--force", action="store_true", help="overwrite existing host/ files")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite existing host/ files and norm_stats.json")
+    p.add_argument("--norm-stats", metavar="PATH",
+                   help="the statistics to use: a norm_stats.json or a LeRobot normaliser "
+                   "safetensors (default: the checkpoint's LeRobot processor, else its "
+                   "norm_stats.json)")
+    p.add_argument("--norm-mode", choices=("q01_q99", "min_max", "q10_q90"),
+                   help="the normalisation mode, when the statistics do not name it")
     p.set_defaults(func=cmd_export_host)

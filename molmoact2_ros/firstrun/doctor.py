@@ -30,16 +30,18 @@ from .status import FAIL, PASS, SKIP
 # -- bundle ----------------------------------------------------------------------------------
 def check_context_files(bundle, suffixes) -> Iterator[Check]:
     from ..bundle.bundle import MIN_CONTEXT_BYTES
+    from ..bundle.variants import download_hint
 
     for component in COMPONENTS:
         path = bundle.context_path(component, suffixes.for_component(component))
         name = f"context {component}"
         if not path.is_file():
             yield Check(name, FAIL, f"{path} is missing",
-                        "download the bundle's ctx/ folder, or choose a suffix it ships")
+                        f"{download_hint(bundle.variant.name, 'its ctx/ folder')}, or choose "
+                        "a suffix it ships")
         elif path.stat().st_size < MIN_CONTEXT_BYTES:
             yield Check(name, FAIL, f"{path.name} is {path.stat().st_size} bytes (truncated)",
-                        "re-download the file")
+                        download_hint(bundle.variant.name, "the file"))
         else:
             yield Check(name, PASS, f"{path.name} ({path.stat().st_size / 2**20:.1f} MiB)")
 
@@ -56,10 +58,16 @@ def check_host_files(bundle) -> Check:
     missing = [n for n in HOST_FILES if not bundle.host_path(n).is_file()]
     if not missing:
         return Check("host assets", PASS, f"{bundle.root / 'host'}: {', '.join(HOST_FILES)}")
+    from ..bundle.variants import HOST_CHECKPOINTS
+
+    repo = HOST_CHECKPOINTS.get(bundle.variant.name)
+    where = (f"(huggingface-cli download {repo} --local-dir CHECKPOINT)" if repo else
+             "(the checkpoint this variant was exported from is not published: its bundle "
+             "names a MolmoAct2-LIBERO-ViT10L base; docs/iq9075.md)")
     return Check("host assets", FAIL, f"{bundle.root / 'host'} lacks {', '.join(missing)}",
                  f"molmoact2 export-host CHECKPOINT {bundle.root} writes host/ from the Hugging "
-                 "Face checkpoint (docs/iq9075.md names it per bundle); molmoact2 conventions "
-                 f"{bundle.root} --write writes conventions.json alone from the goldens")
+                 f"Face checkpoint {where}; molmoact2 conventions {bundle.root} --write writes "
+                 "conventions.json alone from the goldens")
 
 
 def check_pipeline(bundle, suffixes, timeout_s: float, repeats: int,

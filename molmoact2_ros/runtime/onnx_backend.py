@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..bundle.variants import download_hint
 from ..errors import BundleError, RuntimeBackendError
 from ..util.threads import threads_from_env
 from .session import TensorInfo, cast_feeds
@@ -67,7 +68,7 @@ class OnnxSession:
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
             raise BundleError(
                 f"{name}: cannot load {self.path} ({exc}); the file is truncated or not an "
-                "ONNX graph: re-download the bundle"
+                f"ONNX graph: {download_hint(None, 'the bundle')}"
             ) from None
         self.inputs = tuple(_info(a) for a in self._sess.get_inputs())
         self.outputs = tuple(_info(a) for a in self._sess.get_outputs())
