@@ -234,8 +234,7 @@ def test_a_blend_that_never_overlaps_warns_in_diagnostics(tmp_path):
 # -- delta rows ----------------------------------------------------------------------------------
 def test_delta_chunks_stop_after_the_last_row_and_hold_the_gripper():
     rows = np.array([[0.2] * 6 + [1.0]] * 3, np.float32)
-    ex = Executing(rows, 0, 50 * MS, delta=delta_dims("delta", ["x", "y", "z", "r", "p", "y2",
-                                                                 "gripper"]))
+    ex = Executing(rows, 0, 50 * MS, delta=delta_dims("delta", 6))
     after = ex.at_rows(0, 5)
     np.testing.assert_array_equal(after[:3], rows)
     np.testing.assert_array_equal(after[3:, :6], 0.0)

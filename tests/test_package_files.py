@@ -76,3 +76,15 @@ def test_launch_file_declares_the_documented_arguments():
                 "DeclareLaunchArgument" and isinstance(node.args[0], ast.Constant)}
     assert {"namespace", "variant", "backend", "bundle_root", "params_file", "autostart",
             "use_sim_time", "instruction", "respawn", "respawn_delay"} <= declared
+
+
+def test_the_libero_workspace_example_is_valid_and_holds_libero_start_poses():
+    from molmoact2_ros.control.params import Settings, validate_changes
+
+    values = {k: json.loads(v.split("#")[0]) for k, v in
+              _yaml_params(ROOT / "config" / "libero_workspace.yaml").items()}
+    assert validate_changes(values, Settings()) == (True, "")
+    lo, hi = Settings().with_changes(values).workspace()
+    # the end effector's start in libero_spatial and libero_goal task 0 (measured)
+    for start in ([-0.211, -0.011, 1.174], [-0.217, 0.009, 1.171]):
+        assert all(a < x < b for a, x, b in zip(lo, start, hi))

@@ -75,13 +75,16 @@ class Published:
     inpaint_frozen_rows: int = 0
     inpaint_weights: np.ndarray | None = None
     inpaint_method: str = ""
+    #: the trajectory's targets as checked by the safety stage (None: from the rows)
+    targets: np.ndarray | None = None
 
 
 def delta_mask(out: Published) -> np.ndarray | None:
     """The dims of a published chunk the robot integrates (None for absolute chunks)."""
     from .execution import delta_dims
 
-    return delta_dims(out.action_type, out.settings["action_names"])
+    return delta_dims(out.action_type, out.settings["execution.gripper_dim"],
+                      int(np.asarray(out.actions).shape[1]))
 
 
 def chunk_message_fields(out: Published) -> dict[str, Any]:
@@ -118,15 +121,23 @@ def chunk_message_fields(out: Published) -> dict[str, Any]:
 
 
 def trajectory_targets(out: Published) -> np.ndarray:
-    """What a trajectory controller follows, [H, D]: absolute rows as they are; delta rows
-    integrated from ``base_pose`` with ``execution.delta_scale`` (gripper as commanded)."""
-    mask = delta_mask(out)
-    if mask is None or out.base_pose is None:
-        return np.asarray(out.actions, np.float64)
+    """What a trajectory controller follows, [H, D]: the targets the safety stage checked, or
+    from the rows (``targets_of``)."""
+    if out.targets is not None:
+        return np.asarray(out.targets, np.float64)
+    return targets_of(out.actions, delta_mask(out), out.base_pose, out.settings)
+
+
+def targets_of(actions: np.ndarray, mask: np.ndarray | None, base_pose: np.ndarray | None,
+               settings: Settings) -> np.ndarray:
+    """Absolute rows as they are; delta rows (dims ``mask``) integrated from ``base_pose`` with
+    ``execution.delta_scale`` (the gripper as commanded)."""
+    if mask is None or base_pose is None:
+        return np.asarray(actions, np.float64)
     from .delta import integrate_targets
 
-    scale_m, scale_rad = (float(v) for v in out.settings["execution.delta_scale"])
-    return integrate_targets(out.actions, out.base_pose, mask, scale_m, scale_rad)
+    scale_m, scale_rad = (float(v) for v in settings["execution.delta_scale"])
+    return integrate_targets(actions, base_pose, mask, scale_m, scale_rad)
 
 
 def trajectory_message_fields(out: Published) -> dict[str, Any]:

@@ -101,6 +101,8 @@ class Controller(TriggerControl, PublishControl, HealthReport, SettingsControl):
         self._chunk_rows = 0
         self._last_tick_ns = 0
         self._executing: Executing | None = None  # the last published chunk (blending)
+        self._executing_meaning: tuple = ()  # what its rows mean (publish.row_meaning)
+        self._faults: dict[str, str] = {}  # faults said once, until their episode ends
         self._targets: np.ndarray | None = None  # its trajectory targets (delta: integrated)
         self._no_overlap = 0  # chunks in a row that met nothing to blend with
         self.last_switch: dict[str, Any] = {}
@@ -166,6 +168,7 @@ class Controller(TriggerControl, PublishControl, HealthReport, SettingsControl):
         self._executing = None
         self._targets = None
         self._no_overlap = 0
+        self._faults.clear()
         self._latency.reset()
         self.latency_estimate_s = 0.0
         self._stamps.reset()
@@ -367,6 +370,8 @@ class Controller(TriggerControl, PublishControl, HealthReport, SettingsControl):
                 f"{self.settings['max_observation_age_s']}): skipped; "
                 f"{self.drops['stale']} so far"))
             return None
+        if self._refuse_state(obs.state, self.settings):
+            return None
         with self._policy_lock:
             if self.policy is None:
                 self.drops["no_runtime"] += 1
@@ -382,7 +387,7 @@ class Controller(TriggerControl, PublishControl, HealthReport, SettingsControl):
                     obs.state, getattr(getattr(self.policy, "norm_stats", None), "state", None))
                 obs = Observation(mount_images(obs.images, settings.mounts()), state,
                                   obs.instruction, obs.stamp_ns)
-                guidance = self._guidance(settings, stamp_ns, received)
+                guidance = self._guidance(settings, stamp_ns, received, action_type)
                 if guidance is None:
                     chunk = self.policy.predict(obs)
                 else:

@@ -43,12 +43,16 @@ def resolve_action_type(setting: str, policy: object) -> str:
     return declared if declared in ("delta", "absolute") else "absolute"
 
 
-def delta_dims(action_type: str, action_names) -> np.ndarray | None:
-    """Which dims the robot integrates: with ``delta`` every dim but the gripper (a name with
-    'gripper' in it stays an absolute command); None for absolute chunks."""
+def delta_dims(action_type: str, gripper_dim: int, dims: int = 7) -> np.ndarray | None:
+    """Which of ``dims`` dims the robot integrates: with ``delta`` every dim but
+    ``gripper_dim`` (``execution.gripper_dim``: an absolute command; -1 = none), never
+    inferred from a name; None for absolute chunks."""
     if action_type != "delta":
         return None
-    return np.array(["gripper" not in str(n).lower() for n in action_names], bool)
+    mask = np.ones(int(dims), bool)
+    if 0 <= int(gripper_dim) < dims:
+        mask[int(gripper_dim)] = False
+    return mask
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,8 @@ class ParamSpec:
     float_range: tuple[float, float] | None = None
     #: a list of exactly this many positive finite numbers
     float_list: int | None = None
+    #: with ``float_list``: the largest value of each element
+    list_max: tuple[float, ...] | None = None
 
 
 def _p(name, default, description, apply=LIVE, **kw) -> ParamSpec:
@@ -106,7 +108,13 @@ PARAMS: tuple[ParamSpec, ...] = (
        "delta rows: metres and radians the arm moves per action unit and control period; the "
        "trajectory's absolute targets are integrated with it (LIBERO's OSC_POSE offsets its "
        "goal by 0.05 m, 0.5 rad per unit and the arm moves about a quarter of that per 50 ms "
-       "step: 0.0125 m, 0.11 rad, measured)", float_list=2),
+       "step: 0.0125 m, 0.11 rad, measured). At most 0.05 m and 0.5 rad: the goal offset is "
+       "the most one unit ever asked of LIBERO's arm in a period, and a target further than a "
+       "few centimetres per period is a fault, not a motion", float_list=2,
+       list_max=(0.05, 0.5)),
+    _p("execution.gripper_dim", 6,
+       "delta rows: the action dimension that is the gripper, an absolute command the robot "
+       "does not integrate (-1: none; never inferred from action_names)", int_range=(-1, 6)),
     _p("execution.blend", "none",
        "continuity across replans: none | crossfade | ensemble | inpaint (in the flow loop)"),
     _p("execution.overlap_s", 0.1,
@@ -174,7 +182,26 @@ PARAMS: tuple[ParamSpec, ...] = (
     _p("action_max", [0.0], "per-dimension upper limits; [0.0] (one value) = no limit"),
     _p("max_step_delta", [0.0],
        "max change between consecutive actions per dimension; [0.0] = no limit"),
+    _p("safety.workspace_min", [0.0],
+       "lower corner (x, y, z, metres, the state's frame) of the box the trajectory's targets "
+       "must stay in; [0.0] (one value) = no lower bound (config/libero_workspace.yaml: LIBERO's "
+       "reach)"),
+    _p("safety.workspace_max", [0.0],
+       "upper corner of the workspace box; [0.0] = no upper bound"),
+    _p("safety.workspace_mode", "clamp",
+       "a target outside the workspace: clamp (onto the box, counted as count.workspace_clamped; "
+       "delta steps follow) | hold (the chunk is not published, drop.outside_workspace)"),
+    _p("safety.sanity_state_abs", 10.0,
+       "a state value larger than this (metres, radians) is a fault: nothing is published "
+       "(drop.unsafe_state); at least 7, above any rotation vector (at most 2 pi)",
+       float_range=(7.0, 1e6)),
+    _p("safety.sanity_target_abs", 10.0,
+       "a trajectory target value larger than this (metres, radians) is a fault: the chunk is "
+       "not published (drop.unsafe_target); at least 7, above any rotation vector",
+       float_range=(7.0, 1e6)),
 )
+#: safety.workspace_mode choices
+WORKSPACE_MODES = ("clamp", "hold")
 PARAMS_BY_NAME = {p.name: p for p in PARAMS}
 
 
@@ -221,6 +248,15 @@ class Settings:
 
         return opt("action_min"), opt("action_max"), opt("max_step_delta")
 
+    def workspace(self) -> tuple[list[float], list[float]] | None:
+        """``safety.workspace_min/max`` as (lower, upper) x, y, z (a side not set: ±inf), or
+        None when neither is set."""
+        lo, hi = (list(self.values[f"safety.workspace_{k}"]) for k in ("min", "max"))
+        if lo == [0.0] and hi == [0.0]:
+            return None
+        inf = float("inf")
+        return ([-inf] * 3 if lo == [0.0] else lo), ([inf] * 3 if hi == [0.0] else hi)
+
 
 def validate_value(name: str, value: Any, settings: Settings) -> tuple[bool, str]:
     """Cheap, synchronous validation of one parameter value; the reason names the fix."""
@@ -240,6 +276,9 @@ def validate_value(name: str, value: Any, settings: Settings) -> tuple[bool, str
             math.isfinite(v) and v > 0 for v in value)):
         return False, (f"{name}={list(value)} needs {spec.float_list} positive finite numbers, "
                        f"e.g. {spec.default}")
+    if spec.list_max and any(v > m for v, m in zip(value, spec.list_max)):
+        return False, (f"{name}={list(value)} is out of range: at most {list(spec.list_max)} "
+                       f"(see docs/parameters.md), e.g. {spec.default}")
     check = _CHECKS.get(name) or (_check_suffix if name.startswith("context_suffix.") else None)
     if name.startswith("bundle."):
         check = _check_bundle_path
@@ -333,6 +372,16 @@ def _check_limit_list(name, value, settings):
         return False, f"{name} needs 7 finite values (or [0.0] for no limit), got {vals}"
     if name == "max_step_delta" and any(v <= 0 for v in vals):
         return False, f"{name} values must be > 0"
+    return True, ""
+
+
+def _check_workspace(name, value, settings):
+    vals = list(value)
+    if vals == [0.0]:
+        return True, ""
+    if len(vals) != 3 or not all(math.isfinite(v) for v in vals):
+        return False, (f"{name} needs 3 finite values, x, y, z in metres (or [0.0] for no "
+                       f"box), got {vals}")
     return True, ""
 
 
@@ -434,6 +483,9 @@ _CHECKS = {
     "action_min": _check_limit_list,
     "action_max": _check_limit_list,
     "max_step_delta": _check_limit_list,
+    "safety.workspace_min": _check_workspace,
+    "safety.workspace_max": _check_workspace,
+    "safety.workspace_mode": _check_choice(WORKSPACE_MODES),
     "state.joint_names": _check_state_names,
     "state.gripper_joint_names": _check_state_names,
     "instruction": _check_instruction,
@@ -453,6 +505,10 @@ def validate_changes(changes: dict, settings: Settings) -> tuple[bool, str]:
     lo, hi, _ = proposed.limits()
     if lo and hi and any(a > b for a, b in zip(lo, hi)):
         return False, "action_min must be <= action_max in every dimension"
+    box_lo, box_hi = (list(proposed[f"safety.workspace_{k}"]) for k in ("min", "max"))
+    if box_lo != [0.0] and box_hi != [0.0] and any(a >= b for a, b in zip(box_lo, box_hi)):
+        return False, (f"safety.workspace_min {box_lo} must be below safety.workspace_max "
+                       f"{box_hi} in x, y and z")
     if any(k.startswith("topics.") for k in changes):
         same = _same_topics(proposed)
         if same:

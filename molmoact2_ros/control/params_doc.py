@@ -36,6 +36,8 @@ def _range(spec: ParamSpec) -> str:
         return f"[{spec.int_range[0]}, {spec.int_range[1]}]"
     if spec.float_range:
         return f"[{spec.float_range[0]:g}, {spec.float_range[1]:g}]"
+    if spec.list_max:
+        return "(0, " + "], (0, ".join(f"{v:g}" for v in spec.list_max) + "]"
     return ""
 
 

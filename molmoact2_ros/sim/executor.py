@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..control.chunk_io import Published
-from ..control.execution import Executing, delta_dims
+from ..control.chunk_io import Published, delta_mask
+from ..control.execution import Executing
 
 ACTION_DIM = 7
 
@@ -43,8 +43,6 @@ class ChunkExecutor:
     """Plays ``Published`` chunks row by row on a sim clock (integer ns)."""
 
     period_ns: int
-    #: names of the action dims (which of them the robot integrates for delta chunks)
-    action_names: tuple = ("x", "y", "z", "roll", "pitch", "yaw", "gripper")
     zero: np.ndarray = field(default_factory=lambda: np.zeros(ACTION_DIM, np.float32))
     current: Published | None = None
     pending: list[_Pending] = field(default_factory=list)
@@ -98,8 +96,7 @@ class ChunkExecutor:
                     self._next_row = rows
                 executing = Executing(np.asarray(out.actions, np.float32), int(out.start_ns),
                                       self.period_ns,
-                                      delta=delta_dims(getattr(out, "action_type", "absolute"),
-                                                       self.action_names))
+                                      delta=delta_mask(out))
                 self.idle_steps += 1
                 if self.keep_log:
                     self.log.append(ExecutedRow(t, 0, -1, t + self.period_ns))

@@ -230,8 +230,7 @@ class EpisodeRunner:
             raise MolmoActError(
                 f"control_period_s={settings['control_period_s']} but LIBERO steps at "
                 f"{sim.period_s} s (20 Hz); set control_period_s=0.05")
-        self.executor = ChunkExecutor(self.period_ns, tuple(settings["action_names"]),
-                                      keep_log=keep_row_log)
+        self.executor = ChunkExecutor(self.period_ns, keep_log=keep_row_log)
         self._policies: list[_TimedPolicy] = []
 
         def factory(s: Settings):

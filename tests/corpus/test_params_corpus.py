@@ -93,6 +93,20 @@ CASES = [
     ({"execution.crossfade_ramp": "cubic"}, ["execution.crossfade_ramp", "linear, cosine"]),
     ({"execution.ensemble_decay": -0.1}, ["execution.ensemble_decay", "out of range"]),
     ({"context_suffix.action_context": "w4a16"}, ["context_suffix.action_context"]),
+    # what reaches the arm: a scale no arm moves by, a gripper not a dimension, a box inside out
+    ({"execution.delta_scale": [1e300, 1e300]}, ["execution.delta_scale", "at most [0.05, 0.5]"]),
+    ({"execution.delta_scale": [1000.0, 100.0]}, ["execution.delta_scale", "at most"]),
+    ({"execution.delta_scale": [0.06, 0.11]}, ["execution.delta_scale", "at most"]),
+    ({"execution.delta_scale": [0.0125, 0.6]}, ["execution.delta_scale", "at most"]),
+    ({"execution.gripper_dim": 7}, ["execution.gripper_dim=7", "out of range [-1, 6]"]),
+    ({"execution.gripper_dim": "6"}, ["execution.gripper_dim='6'", "an integer"]),
+    ({"safety.workspace_min": [0.0, 0.0]}, ["safety.workspace_min", "3 finite values"]),
+    ({"safety.workspace_max": [float("inf")] * 3}, ["safety.workspace_max", "3 finite"]),
+    ({"safety.workspace_min": [0.5, 0.0, 0.0], "safety.workspace_max": [0.4, 1.0, 1.0]},
+     ["safety.workspace_min", "must be below safety.workspace_max"]),
+    ({"safety.workspace_mode": "stop"}, ["safety.workspace_mode='stop'", "clamp, hold"]),
+    ({"safety.sanity_state_abs": 0.0}, ["safety.sanity_state_abs=0.0", "out of range"]),
+    ({"safety.sanity_target_abs": float("inf")}, ["safety.sanity_target_abs=inf", "range"]),
 ]
 
 
