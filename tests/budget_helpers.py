@@ -1,6 +1,7 @@
-"""A tiny bundle whose prompt budget is cut to the published one: ten filler words in the
-template make its fixed part 119 tokens (as Qwen's vocabulary makes the published one with 16
-image tokens per camera), so grid_sampler and fused leave 9 tokens for the task and lp_vtp_sd 11.
+"""A tiny bundle whose prompt budget is cut to about the published one: ten filler words in the
+template make its fixed part 119 tokens with 16 image tokens per camera and 479 with 196, so
+grid_sampler and fused leave 9 tokens for the task and lp_vtp_sd 11 (MolmoAct2's own tokenizer
+leaves one more: docs/libero.md, "Prompt budget").
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ dimensions for 7, and a seed workspace without host/."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -81,6 +82,30 @@ def test_bad_norm_stats_fail_in_doctor_and_device_report_naming_the_field(
     facts = report["variants"]["grid_sampler"]["norm_stats"]
     assert facts["status"] == "FAIL" and words in facts["why"], facts
     assert "grid_sampler norm_stats.json" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name,edit,words", CASES, ids=[c[0] for c in CASES])
+def test_bad_norm_stats_are_refused_by_the_node_naming_the_field(name, edit, words, tiny_root,
+                                                                  tmp_path):
+    from molmoact2_ros.control.controller import Controller
+    from molmoact2_ros.control.params import Settings
+    from molmoact2_ros.errors import MolmoActError
+
+    root = _edit_stats(tiny_root, tmp_path, edit)
+    ctl = Controller(Settings().with_changes({"backend": "onnx", "bundle.grid_sampler": str(root),
+                                              "instruction": "put the bowl on the plate"}),
+                     publish=lambda out: None)
+    with pytest.raises(MolmoActError, match=re.escape(words)):
+        ctl.configure()
+    assert ctl.policy is None
+
+
+def test_a_norm_stats_file_that_is_not_json_fails(tiny_root, tmp_path, capsys):
+    root = _edit_stats(tiny_root, tmp_path, lambda d, m: None)
+    (root / "norm_stats.json").write_text("q01: [0.1]")
+    main(["doctor", str(root)])
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "norm stats" in ln)
+    assert line.startswith("FAIL") and "norm_stats.json" in line and "JSON" in line, line
 
 
 def test_good_norm_stats_report_their_source_mode_and_the_goldens(tiny_root, capsys):

@@ -1,6 +1,6 @@
-"""The prompt budget on a tiny bundle cut to the published one (9 tokens left for the task with
-grid_sampler and fused, 11 with lp_vtp_sd): the counts, the refusal naming both counts when an
-instruction is set, and the per-suite fit read from LIBERO's own task list."""
+"""The prompt budget on a tiny bundle cut to 9 tokens left for the task with grid_sampler and
+fused, 11 with lp_vtp_sd: the counts, the refusal naming both counts when an instruction is
+set, and the per-suite fit read from LIBERO's own task list."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from molmoact2_ros.host.budget import budget_of, builder_for, suite_fits, table_
 
 #: 16 words, 16 tokens of the tiny word-level vocabulary
 SIXTEEN = "pick up the black bowl next to the ramekin and place it on the wooden plate"
-#: The published S and what they leave with the published fixed parts (119, 479).
+#: The published S and what they leave with the cut bundle's fixed parts (119, 479).
 PUBLISHED_LEFT = {"grid_sampler": 9, "lp_vtp_sd": 11, "fused": 9}
 
 
