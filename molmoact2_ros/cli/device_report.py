@@ -30,6 +30,7 @@ from ..errors import BundleError
 def cmd_device_report(args: argparse.Namespace) -> int:
     from ..bundle.bundle import resolve_bundles
     from ..firstrun.report import ReportFiles, build_report, failed
+    from ..firstrun.seed import SEED_TRACE, read_seed_trace
     from .args import SUFFIX_ENV
 
     if (args.bag is None) != (args.golden is None):
@@ -42,16 +43,18 @@ def cmd_device_report(args: argparse.Namespace) -> int:
                 [("bundle root", args.bundle_root), ("--bag", args.bag),
                  ("--golden", args.golden)])
     root = Path(args.bundle_root).expanduser()
-    resolve_bundles(root, args.variant)
+    for _, folder in resolve_bundles(root, args.variant):  # a seed's trace.json: its numbers
+        if (folder / "golden" / SEED_TRACE).is_file():
+            read_seed_trace(folder / "golden" / SEED_TRACE)
     files = ReportFiles(Path(args.out).expanduser(), args.force)
     bag = golden = None
     if args.bag is not None:
-        from ..replay.chunkbag import read_chunk_bag
+        from ..firstrun.report import golden_changes
 
         bag, golden = Path(args.bag).expanduser(), Path(args.golden).expanduser()
         if not bag.exists():
             raise BundleError(f"--bag {bag} does not exist")
-        read_chunk_bag(golden)  # a missing or unreadable golden is refused now, not at the end
+        golden_changes(root, golden)  # a golden this root cannot replay: refused now, not last
     env = {v: os.environ[v] for v in SUFFIX_ENV if v in os.environ}
     if env:
         print("notice: " + ", ".join(f"{k}={v!r}" for k, v in env.items()) + " (the reference "

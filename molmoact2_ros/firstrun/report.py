@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import BundleError
+from ..util.outputs import check_file, write_file
 from .facts import library_facts, norm_stats_facts, platform_facts
 from .markdown import failed, to_markdown
 from .prompt_stats import budget_facts
@@ -24,24 +25,41 @@ __all__ = ["MIN_CHUNKS", "ReportFiles", "STEPS", "ab_table", "build_report", "fa
 MIN_CHUNKS = 20
 
 
+def golden_changes(root: Path, golden_path: Path):
+    """The golden chunk bag and the settings its replay runs with, checked: the variant it was
+    recorded with must be one the bundle root holds. Called before the first section too."""
+    from ..bundle.bundle import bundle_parameters
+    from ..control.params import Settings, validate_changes
+    from ..replay.chunkbag import COMPARED_SETTINGS, read_chunk_bag
+
+    golden = read_chunk_bag(golden_path)
+    changes = {k: golden.settings[k] for k in COMPARED_SETTINGS if k in golden.settings}
+    folders = bundle_parameters(root)
+    variant = changes.get("variant")
+    if variant and f"bundle.{variant}" not in folders:
+        held = ", ".join(k.removeprefix("bundle.") for k in folders)
+        raise BundleError(f"--golden {golden_path} was recorded with variant {variant}, which "
+                          f"the bundle root {root} does not hold (it holds {held}); give the "
+                          f"root that holds {variant}, or a golden recorded with {held}")
+    changes.update(folders, backend="htp")
+    ok, reason = validate_changes(changes, Settings())
+    if not ok:
+        raise BundleError(f"golden {golden_path}: {reason}")
+    return golden, changes
+
+
 def run_replay_check(root: Path, bag: Path, golden_path: Path, probe: dict) -> dict:
     """Replay ``bag`` on the HTP with the golden run's settings and match every chunk with the
     golden chunk bag (made with ``replay --record`` on a workstation) by observation stamp."""
     if "error" in probe:
         return {"status": NOT_RUN,
                 "why": f"qai_appbuilder is not importable here ({probe['error']})"}
-    from ..bundle.bundle import bundle_parameters
-    from ..control.params import Settings, validate_changes
+    from ..control.params import Settings
     from ..replay.chunk_match import default_tolerance, match_chunks
-    from ..replay.chunkbag import COMPARED_SETTINGS, action_scale, read_chunk_bag
+    from ..replay.chunkbag import action_scale
     from ..replay.replay import replay
 
-    golden = read_chunk_bag(golden_path)
-    changes = {k: golden.settings[k] for k in COMPARED_SETTINGS if k in golden.settings}
-    changes.update(bundle_parameters(root), backend="htp")
-    ok, reason = validate_changes(changes, Settings())
-    if not ok:
-        raise BundleError(f"golden {golden_path}: {reason}")
+    golden, changes = golden_changes(root, golden_path)
     result = replay(bag, Settings().with_changes(changes))
     produced = {p.chunk.observation_stamp_ns: p.actions for p in result.published}
     summary = match_chunks(produced, golden.chunks, default_tolerance("htp"),
@@ -102,13 +120,13 @@ class ReportFiles:
         if existing and not force:
             raise BundleError(f"{' and '.join(existing)} already exist; give another --out or "
                               "--force to replace them")
+        for path in (self.markdown, self.json):  # only an earlier report of this package
+            check_file(path, force=True, what="--out")
 
     def write(self, report: dict) -> None:
         for path, text in ((self.json, json.dumps(report, indent=1, default=str)),
                            (self.markdown, to_markdown(report))):
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, path)
+            write_file(path, text, what="--out")
 
 
 def build_report(root: Path, chunks: int = MIN_CHUNKS, timeout_s: float = 60.0, *,

@@ -43,6 +43,34 @@ def _first(mapping, names: tuple[str, ...], what: str, path: Path):
     raise BundleError(f"{path} has no {what} (looked for {', '.join(names)}); it holds: {held}")
 
 
+def read_seed_trace(trace_path: Path) -> dict:
+    """``golden/trace.json`` of a seed workspace, its numbers checked: ``final_action_cosine``
+    (or ``cosine``) a number in [-1, 1], ``flow_steps`` (or ``num_flow_steps``) a count;
+    read as ``recorded_cosine`` and ``flow_steps`` (None when absent). Called before the
+    report's first section, so a bad file is bad input (exit 2), not a step's traceback."""
+    try:
+        trace = json.loads(Path(trace_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"{trace_path} is not readable JSON ({exc})") from None
+    if not isinstance(trace, dict):
+        raise BundleError(f"{trace_path} holds {type(trace).__name__}, not a JSON object")
+    for names, kind, low, high in ((("final_action_cosine", "cosine"), "recorded_cosine",
+                                    -1.0, 1.0),
+                                   (("flow_steps", "num_flow_steps"), "flow_steps", 1, 10_000)):
+        name = next((n for n in names if n in trace), None)
+        value = trace.get(name) if name else None
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if kind == "flow_steps" and number and value != int(value):
+            number = False
+        if value is not None and not (number and math.isfinite(value) and low <= value <= high):
+            want = "a number in [-1, 1]" if kind == "recorded_cosine" else "a whole number of steps"
+            raise BundleError(f"{trace_path}: {name} is {value!r} ({type(value).__name__}); it "
+                              f"must be {want}")
+        trace[kind] = None if value is None else (float(value) if kind == "recorded_cosine"
+                                                  else int(value))
+    return trace
+
+
 def seed_e2e(pipeline, folder: Path, conventions, variant, limit: float) -> dict:
     """The seed's own end-to-end check: from ``step0_boundary.npz`` (the action expert's inputs
     at the first step) through action_context and the whole flow loop on this runtime, the
@@ -56,17 +84,11 @@ def seed_e2e(pipeline, folder: Path, conventions, variant, limit: float) -> dict
     if missing:
         return {"status": NOT_RUN, "why": f"no golden/{' or golden/'.join(missing)} (the seed "
                 "workspace's end-to-end check)"}
-    try:
-        trace = json.loads(trace_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise BundleError(f"{trace_path} is not readable JSON ({exc})") from None
-    if not isinstance(trace, dict):
-        raise BundleError(f"{trace_path} holds {type(trace).__name__}, not a JSON object")
+    trace = read_seed_trace(trace_path)
     final = np.asarray(_first(trace, ("final_action", "final_actions", "actions_normalized"),
                               "final action", trace_path), np.float32)
-    steps = int(trace.get("flow_steps", trace.get("num_flow_steps",
-                                                  variant.default_flow_steps)))
-    recorded = trace.get("final_action_cosine", trace.get("cosine"))
+    steps = trace["flow_steps"] or variant.default_flow_steps
+    recorded = trace["recorded_cosine"]
     boundary = load_npz(boundary_path, what="the seed's end-to-end check")
     noise = _first(boundary, ("noise", "x0", "trajectory"), "initial noise", boundary_path)
     enc = _first(boundary, ("encoder_attention_mask",), "encoder mask", boundary_path)

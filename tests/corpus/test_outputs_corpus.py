@@ -98,6 +98,12 @@ def _commands(t: Path, tiny_root: Path) -> list[tuple[str, list[str], str]]:
                                                    "--force"], why))
         rows.append((f"trace-to-bag {target}", ["trace-to-bag", trace, home / target,
                                                 "--force"], why))
+    for target in ("notes.txt", "report.md"):
+        rows.append((f"device-report --out {target}",
+                     ["device-report", tiny_root, "--out", home / target, "--force"],
+                     "this package did not write it"))
+    rows.append(("device-report --out link.txt",
+                 ["device-report", tiny_root, "--out", home / "link.txt", "--force"], "symlink"))
     for target, why in (("bench.json", "this package did not write it"),
                         ("link.txt", "symlink"), ("dangling", "symlink")):
         rows.append((f"bench --json {target}", ["bench", "--json", home / target, "--force"],
@@ -338,3 +344,36 @@ def test_ray_port_outside_the_tcp_range_is_refused(tiny_root, tmp_path, capsys):
     rc, out, err = _run(["replay", tmp_path / "bag", "--ray", "127.0.0.1:99999",
                          "--bundle-root", tiny_root], capsys)
     _refused(rc, out, err, r"--ray 127\.0\.0\.1:99999: port 99999 is outside 1\.\.65535")
+
+
+def test_device_report_refuses_a_seed_trace_whose_cosine_is_text(tiny_root, tmp_path, capsys):
+    """Finding: a seed trace whose ``final_action_cosine`` is a string showed only as
+    ``ValueError: could not convert string to float`` inside a section (exit 1)."""
+    from test_seed_workspace import seed_001
+
+    ws = seed_001(tiny_root, tmp_path)
+    path = ws / "golden" / "trace.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "final_action_cosine": "high"}))
+    rc, out, err = _run(["device-report", ws, "--variant", "grid_sampler", "--out",
+                         tmp_path / "r.md"], capsys)
+    _refused(rc, out, err, r"trace\.json: final_action_cosine is 'high' \(str\); it must be a "
+             r"number in \[-1, 1\]")
+    assert not (tmp_path / "r.md").exists()
+
+
+def test_device_report_refuses_a_golden_of_a_variant_the_root_lacks(tiny_root, tmp_path,
+                                                                    capsys):
+    """Finding: a golden recorded with a variant the bundle root lacks was found only at the
+    end of ``device-report`` (exit 1 after every section ran), not refused up front."""
+    from replay_helpers import obs_bag, trace
+
+    bag = obs_bag(tmp_path / "obs", trace(tiny_root, "lp_vtp_sd"), 1)
+    golden = tmp_path / "golden"
+    assert _run(["replay", bag, "--bundle-root", tiny_root, "--variant", "lp_vtp_sd",
+                 "--instruction", INSTRUCTION, "--record", golden, "--no-progress"],
+                capsys)[0] == 0
+    rc, out, err = _run(["device-report", tiny_root / "grid_sampler", "--out", tmp_path / "r.md",
+                         "--bag", bag, "--golden", golden], capsys)
+    _refused(rc, out, err, r"--golden .*golden was recorded with variant lp_vtp_sd, which the "
+             r"bundle root .*grid_sampler does not hold \(it holds grid_sampler\)")
+    assert not (tmp_path / "r.md").exists()
