@@ -35,27 +35,11 @@ def tiny_root(tmp_path_factory) -> Path:
     return out
 
 
-#: The reference bundle exported from LeRobot's MolmoAct2 (docs/reference_bundle.md).
-REFERENCE_ARCHIVE = Path(__file__).parent / "reference_bundle.tar.xz"
-
-
-def extract_reference_bundle(archive: Path, dest: Path) -> Path:
-    """Unpack the reference archive into ``dest``; members must stay inside it."""
-    import tarfile
-
-    with tarfile.open(archive, "r:xz") as tar:
-        for member in tar.getmembers():
-            parts = Path(member.name).parts
-            if member.name.startswith("/") or ".." in parts or not (
-                    member.isfile() or member.isdir() or member.islnk()):
-                raise ValueError(f"{archive}: refusing member {member.name!r}")
-        tar.extractall(dest, filter="data")
-    return dest / "reference_bundle"
-
-
 @pytest.fixture(scope="session")
 def reference_bundle(tmp_path_factory) -> Path:
     """The reference bundle's folder (checkpoint/, fused/, fused_2step/, reference/)."""
+    from reference_helpers import REFERENCE_ARCHIVE, extract_reference_bundle
+
     if not REFERENCE_ARCHIVE.is_file():
         pytest.skip(f"{REFERENCE_ARCHIVE.name} is absent; regenerate it as "
                     "docs/reference_bundle.md describes")
