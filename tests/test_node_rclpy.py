@@ -354,3 +354,19 @@ def test_failed_swap_rolls_back_and_resets_the_parameter(rig, tiny_root, tmp_pat
     finally:
         node.release()
         node.destroy_node()
+
+
+def test_a_long_instruction_is_refused_at_param_set_with_both_counts(rig, tiny_root, tmp_path):
+    """ros2 param set of a 16-token instruction on a bundle with a 9-token budget."""
+    from budget_helpers import cut_budget_bundle
+
+    node = _fresh_node(cut_budget_bundle(tiny_root, tmp_path / "cut"))
+    try:
+        sixteen = "pick up the black bowl next to the ramekin and place it on the wooden plate"
+        result = node.set_parameters([Parameter("instruction", value=sixteen)])[0]
+        assert not result.successful, result.reason
+        assert "is 16 tokens" in result.reason and "leaves 9 for the task" in result.reason
+        assert node.get_parameter("instruction").value == "put the bowl on the plate"
+    finally:
+        node.release()
+        node.destroy_node()
