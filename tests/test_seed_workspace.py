@@ -174,3 +174,23 @@ def test_suffix_env_of_the_reference_runtime_is_honoured_with_a_notice(tiny_root
     assert main(["parity", str(tiny_root / "lp_vtp_sd"), "--backend", "onnx", "--suffix",
                  "llm="]) == 0
     assert "is ignored: --suffix llm= was given" in capsys.readouterr().err
+
+
+def test_doctor_on_the_seed_workspace_loads_it_and_names_export_host(tiny_root, tmp_path,
+                                                                      monkeypatch, capsys):
+    """Without host/ the contexts still load (on the seed's conventions) and pass parity;
+    the one bundle failure is host/, whose fix names export-host and conventions --write
+    (before: "contexts load" failed with a fix about QAIRT versions)."""
+    ensure_contexts(tiny_root)
+    fake_env(monkeypatch)
+    ws = seed_001(tiny_root, tmp_path)
+    main(["doctor", str(ws), "--variant", "grid_sampler", "--ignore-bundle-libs",
+          "--repeats", "1"])
+    out = capsys.readouterr().out
+    lines = {ln[6:30].strip(): ln for ln in out.splitlines() if ln[:4] in ("PASS", "FAIL", "SKIP")}
+    assert "contexts load" not in lines and lines["load vision"].startswith("PASS"), out
+    assert lines["golden parity"].startswith("PASS"), out
+    assert lines["host assets"].startswith("FAIL"), out
+    fix = out[out.index("FAIL  host assets"):].splitlines()[1]
+    assert "molmoact2 export-host CHECKPOINT" in fix and "conventions" in fix and "--write" in fix
+    assert "xpuenabler/molmoact2-libero_grid_sampler_fine_tuned" in fix, fix
