@@ -33,6 +33,7 @@ def test_doctor_device_report_and_conventions_print_the_budget(cut_root, tmp_pat
     line = next(ln for ln in out.splitlines() if "prompt budget" in ln)
     assert "S=128: 119 fixed" in line and "9 tokens left for the task" in line, line
     assert "libero_spatial 0/10" in line and "libero_goal 10/10" in line, line
+    assert "      | libero_spatial | 0/10 | 19 tokens | 138 |" in out.splitlines(), out
     report = _report(cut_root / "grid_sampler", tmp_path / "r.md")
     budget = report["variants"]["grid_sampler"]["prompt_budget"]
     assert (budget["budget"]["fixed"], budget["budget"]["left"]) == (119, 9)

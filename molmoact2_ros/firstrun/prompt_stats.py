@@ -66,6 +66,7 @@ def budget_check(bundle, facts: dict | None = None):
         detail += f"; every suite fits S >= {need}"
     if none:
         detail += f" (no task of {', '.join(none)} fits: molmoact2 libero refuses them)"
+    detail += "".join(f"\n      {line}" for line in facts.get("table", [])[:-1])
     return Check("prompt budget", facts["status"], detail, facts.get("fix", ""))
 
 
