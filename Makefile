@@ -18,27 +18,35 @@ help: ## list the targets
 	@echo "make TARGET (everything goes into $(VENV)/ and .cache/; no ROS, NPU or weights needed):"
 	@awk -F':.*## ' '/^[a-z]+:.*## / {printf "  %-9s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(BIN)/molmoact2: setup.py
+$(VENV)/.test-extra: setup.py
 	@echo "== make: install: molmoact2_ros and its test extra into $(VENV), LIBERO included"
-	@echo "   (about 2.5 GB; 2-4 min the first time)"
+	@echo "   (about 2.5 GB; 3-5 min the first time)"
 	@start=$$(date +%s); \
-	$(PYTHON) -m venv $(VENV) && \
+	{ test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); } && \
 	$(BIN)/python -m pip install --quiet --upgrade pip && \
 	$(BIN)/python -m pip install --quiet -e '.[test]' && \
 	echo "== make: installed in $$(( $$(date +%s) - start )) s"
 	@touch $@
 
-install: $(BIN)/molmoact2 ## create the virtual environment with the package and its test extra
+# the tiny bundles need only the package and onnx (the synth extra, about 200 MB), so
+# `make bundle` alone, e.g. before a colcon build, does not install the test environment
+$(VENV)/.synth-extra: setup.py
+	@echo "== make: install: molmoact2_ros and its synth extra (onnx) into $(VENV)"
+	@{ test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); } && \
+	$(BIN)/python -m pip install --quiet -e '.[synth]'
+	@touch $@
 
-$(BUNDLE)/.stamp: $(BIN)/molmoact2 $(wildcard molmoact2_ros/synth/*.py)
+install: $(VENV)/.test-extra ## create the virtual environment with the package and its test extra
+
+$(BUNDLE)/.stamp: $(VENV)/.synth-extra $(wildcard molmoact2_ros/synth/*.py)
 	@echo "== make: bundle: the tiny synthetic bundles into $(BUNDLE)"
 	@rm -rf $(BUNDLE)
 	@$(BIN)/molmoact2 tiny-bundle $(BUNDLE)
 	@touch $@
 
-bundle: $(BUNDLE)/.stamp ## write the tiny synthetic bundles (random weights, real interfaces)
+bundle: $(BUNDLE)/.stamp ## write the tiny synthetic bundles (installs only the package and onnx)
 
-demo: bundle ## run every variant, check parity, replay a bag against a golden chunk bag
+demo: install bundle ## run every variant, check parity, replay a bag against a golden chunk bag
 	@echo "== make: demo: every variant's pipeline on its sample observation"
 	@$(BIN)/molmoact2 demo $(BUNDLE)
 	@echo "== make: parity: every session and trace against the goldens"
