@@ -88,3 +88,61 @@ def test_the_libero_workspace_example_is_valid_and_holds_libero_start_poses():
     # the end effector's start in libero_spatial and libero_goal task 0 (measured)
     for start in ([-0.211, -0.011, 1.174], [-0.217, 0.009, 1.171]):
         assert all(a < x < b for a, x, b in zip(lo, start, hi))
+
+
+#: parameters the shipped files may set that belong to ROS, not to the node's table
+ROS_OWN = {"use_sim_time", "diagnostic_updater.period"}
+
+
+def _example(name: str) -> dict:
+    """A shipped parameter file's settings, typed as JSON, each checked to have a comment."""
+    path = ROOT / "config" / name
+    lines = path.read_text().splitlines()
+    settings = {}
+    for line in lines:
+        found = re.match(r"^ {4}([\w.]+): (.+)$", line)
+        if found:
+            settings[found.group(1)] = json.loads(found.group(2).split("#")[0].strip())
+    return settings
+
+
+def test_example_parameter_files_pass_the_parameter_table():
+    """config/libero_dds.yaml and config/robot_example.yaml set only known parameters, with
+    values the node accepts, and say why in comments."""
+    from molmoact2_ros.control.params import PARAMS_BY_NAME, Settings, validate_changes
+
+    for name in ("libero_dds.yaml", "robot_example.yaml"):
+        settings = _example(name)
+        assert settings, name
+        unknown = set(settings) - set(PARAMS_BY_NAME) - ROS_OWN
+        assert unknown == set(), f"{name}: not node parameters: {unknown}"
+        ours = {k: v for k, v in settings.items() if k in PARAMS_BY_NAME}
+        ok, reason = validate_changes(ours, Settings())
+        assert ok, f"{name}: {reason}"
+        text = (ROOT / "config" / name).read_text()
+        assert text.count("    # ") >= len(settings) // 2, f"{name}: comment the settings"
+
+
+def test_robot_example_sets_topics_state_frame_and_safety_bounds():
+    settings = _example("robot_example.yaml")
+    assert {"topics.image_primary", "topics.image_wrist", "topics.joint_states"} <= set(settings)
+    assert settings["state.source"] == "tf"
+    assert settings["state.base_frame"] != settings["state.ee_frame"]
+    for key in ("action_min", "action_max", "max_step_delta"):
+        assert len(settings[key]) == len(settings["action_names"]) == 7, key
+
+
+def test_libero_dds_file_gives_the_node_what_the_launch_file_gives_it():
+    """With policy:=false the node runs elsewhere: the shipped file sets every override
+    libero.launch.py sets when it starts the node itself (the bundle, backend and variant come
+    from the node's own launch arguments)."""
+    tree = ast.parse((ROOT / "launch" / "libero.launch.py").read_text())
+    overrides = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                     and getattr(node.targets[0], "id", "") == "overrides")
+    keys = {k.value: v for k, v in zip(overrides.keys, overrides.values)}
+    settings = _example("libero_dds.yaml")
+    assert set(keys) - {"backend", "variant"} <= set(settings)
+    for key, value in keys.items():
+        if isinstance(value, ast.Constant):
+            assert settings[key] == value.value, key
+    assert settings["trigger"] == "on_observation"  # lockstep and latency modes

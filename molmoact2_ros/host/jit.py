@@ -117,7 +117,7 @@ def describe(name: str, kernel: CheckedKernel, pinned: bool = False) -> str:
         return f"numba {numba.__version__} kernel (self-checked against the numpy path)"
     reason = "pinned" if pinned else (kernel.why_not or "not built yet")
     hint = "" if reason.startswith(ENV) or pinned else \
-        "; pip install 'molmoact2_ros[fast]' for the compiled kernel"
+        "; pip install -e '.[fast]' (numba) for the compiled kernel"
     return f"{name} path ({reason}{hint})"
 
 

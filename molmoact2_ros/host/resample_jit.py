@@ -151,7 +151,7 @@ def _tables(p) -> _KernelTables:
 
 
 CHOICE = jit.Choice("preprocessing", [("numba", _compiled)], "numpy",
-                    "pip install 'molmoact2_ros[fast]', or see the log for why")
+                    "pip install -e '.[fast]' (numba), or see the log for why")
 kernel, force, using = CHOICE.kernel, CHOICE.force, CHOICE.using
 
 

@@ -21,7 +21,8 @@ def rosbags_modules():
     try:
         from rosbags import highlevel, rosbag2, typesys
     except ImportError:
-        raise MolmoActError("replay needs rosbags: pip install 'molmoact2_ros[replay]'") from None
+        raise MolmoActError("replay needs rosbags: pip install -e '.[replay]' in the "
+                            "source checkout (or pip install 'rosbags>=0.10,<0.12')") from None
     return highlevel, rosbag2, typesys
 
 

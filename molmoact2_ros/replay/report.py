@@ -187,7 +187,8 @@ def write_report(folder: Path, data: ReportData, extra: dict[str, Any]) -> list[
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("no plots: pip install 'molmoact2_ros[plot]' (matplotlib)")
+        print("no plots: pip install -e '.[plot]' in the source checkout (or pip install "
+              "matplotlib)")
         return files
     if data.run:
         files.append(_plot_actions(plt, folder, data))

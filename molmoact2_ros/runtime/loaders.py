@@ -117,7 +117,7 @@ class QnnLoader:
             raise LoadFailed(
                 spec.components[0],
                 f"cannot import qai_appbuilder ({type(exc).__name__}: {exc}); install "
-                "qai-appbuilder==2.51.40 on the aarch64 host (pip install 'molmoact2_ros[htp]')",
+                "qai-appbuilder==2.51.40 on the aarch64 host (pip install qai-appbuilder==2.51.40)",
             ) from None
         self.qai = qai
         self.spec = spec

@@ -27,7 +27,8 @@ def _import_ort():
         import onnxruntime
     except ImportError:
         raise RuntimeBackendError(
-            "the onnx backend needs onnxruntime: pip install 'molmoact2_ros[onnx]'"
+            "the onnx backend needs onnxruntime: pip install -e '.[onnx]' in the source "
+            "checkout (or pip install onnxruntime)"
         ) from None
     return onnxruntime
 

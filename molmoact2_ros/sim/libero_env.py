@@ -39,7 +39,7 @@ SETTLE_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
 GL_CHOICES = ("egl", "osmesa")
 GL_HELP = ("use MUJOCO_GL=egl (apt install libegl1 libegl-mesa0 libgl1-mesa-dri) or "
            "MUJOCO_GL=osmesa (apt install libosmesa6)")
-SIM_EXTRA = "pip install -e '.[sim]' (or pip install 'molmoact2_ros[sim]')"
+SIM_EXTRA = "pip install -e '.[sim]' in the source checkout"
 
 
 class SimError(MolmoActError):

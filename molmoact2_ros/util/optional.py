@@ -19,9 +19,10 @@ EXTRAS = {
 
 
 def install_hint(module: str) -> str:
-    """The pip command that installs ``module``'s extra (source checkout and installed package)."""
-    _, extra = EXTRAS[module]
-    return f"pip install -e '.[{extra}]' (or pip install 'molmoact2_ros[{extra}]')"
+    """The pip command that installs ``module``: the extra from the source checkout (the
+    package is not on PyPI), or the distribution alone."""
+    dist, extra = EXTRAS[module]
+    return f"pip install -e '.[{extra}]' in the source checkout (or pip install {dist})"
 
 
 def require(module: str, purpose: str) -> ModuleType:
