@@ -88,6 +88,12 @@ def test_parity_cli_w4a16_all_variants(control, tiny_root, capsys):
     assert main(["parity", str(tiny_root), "--backend", "htp", *suffixes]) == 0
     out = capsys.readouterr().out
     assert out.count("30/30 rows pass") == 3
+    # each section says what it checked: an fp16 run and this one print different headers
+    headers = [line for line in out.splitlines() if line.startswith("== ")]
+    assert len(headers) == 3 and all(
+        "suffixes vision=_w4a16, llm=_w4a16, action=_w4a16, action_context=fp16; precision "
+        "vision w4a16, llm_split0..3 w4a16, action_context fp16, action_step w4a16" in h
+        for h in headers), headers
 
 
 def test_arena_views_are_fp16_and_shared(pipeline):

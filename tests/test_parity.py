@@ -137,6 +137,8 @@ def test_cli_parity_exit_status(tiny_root, tmp_path, capsys):
     assert cli_main(["parity", str(tiny_root), "--variant", "lp_vtp_sd"]) == 0
     out = capsys.readouterr().out
     assert "30/30 rows pass" in out
+    assert "== lp_vtp_sd (onnx): the onnx/ graphs (context suffixes apply to the HTP only), " \
+        "precision fp32" in out
     bundle = _bundle_copy(tiny_root, tmp_path, "lp_vtp_sd")
     golden = bundle / "golden" / "action_step_io.npz"
     data = dict(load_npz(golden))

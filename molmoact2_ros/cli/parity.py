@@ -11,6 +11,24 @@ from ..runtime.appbuilder import describe
 from ..util.progress import progress
 
 
+def section_header(name: str, path: Path, backend: str, suffixes) -> str:
+    """What one parity table checked: the variant, the backend, the context suffix of each
+    group (the HTP's; ONNX Runtime runs the bundle's onnx/ graphs, whatever the suffix) and
+    the precision each component is judged at."""
+    from ..bundle.comparison import precision_of
+
+    if backend != "htp":
+        return (f"== {name} ({describe(backend)}): the onnx/ graphs (context suffixes apply to "
+                f"the HTP only), precision {precision_of(backend)}; {path}")
+    groups = ", ".join(f"{g}={s or 'fp16'}" for g, s in suffixes.__dict__.items())
+    llm = [c for c in COMPONENTS if c.startswith("llm_split")]
+    shown = {"vision": "vision", llm[0]: f"{llm[0].removesuffix('0')}0..{len(llm) - 1}"}
+    precisions = ", ".join(
+        f"{shown.get(c, c)} {precision_of(backend, suffixes.for_component(c))}"
+        for c in COMPONENTS if c not in llm[1:])
+    return f"== {name} ({describe(backend)}): suffixes {groups}; precision {precisions}; {path}"
+
+
 def cmd_parity(args: argparse.Namespace) -> int:
     from ..bundle.bundle import Suffixes
     from ..bundle.comparison import load_tolerances
@@ -40,7 +58,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
                                              precision=policy.precision)
                 else:
                     rows += e2e_parity(policy, path / "golden" / stage, table=table)
-        print(f"== {name} ({describe(args.backend)}) {path}")
+        print(section_header(name, path, args.backend, suffixes))
         print(format_table(rows))
         failed = [r for r in rows if not r.passed]
         if table.source:
