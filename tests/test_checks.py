@@ -327,3 +327,38 @@ def test_the_documented_tolerances_example_loads(tmp_path):
     table = load_tolerances(tmp_path)
     assert table.limits("vision", "fp32").min_cosine == 0.998
     assert table.limits("llm_split0", "w4a16", "hidden_states").min_within == 0.9
+
+
+def test_residuals_switch_to_symlog_when_the_band_would_vanish():
+    """A failing run's error dwarfs the band: beyond ten times the band the axis turns symlog
+    (linear within the band), so both show; an error near the band stays linear."""
+    from molmoact2_ros.replay.report import residual_scale
+
+    assert residual_scale(1e-3, 0.3) == "symlog"
+    assert residual_scale(1e-3, 5e-3) == "linear"
+    assert residual_scale(0.0, 0.3) == "linear"  # no band: nothing to keep visible
+
+
+def test_latency_table_gives_median_p95_and_max_in_pipeline_order():
+    from molmoact2_ros.replay.report import latency_table
+
+    samples = [{"total": 30.0, "vision": 1.0}, {"total": 10.0, "vision": 3.0},
+               {"total": 20.0, "vision": 2.0, "llm_split0": 4.0}]
+    rows = latency_table(samples)
+    assert [r[0] for r in rows] == ["vision", "llm_split0", "total"]
+    assert rows[0][1] == 2.0 and rows[0][3] == 3.0
+    assert rows[1][1:] == (4.0, 4.0, 4.0)  # one chunk timed it: only that chunk counts
+    assert rows[2][1] == 20.0 and rows[2][2] == pytest.approx(29.0)
+
+
+def test_compare_labels_name_each_bag_with_its_variant_suffix_and_backend():
+    from pathlib import Path
+
+    from molmoact2_ros.cli.compare import bag_label
+
+    a = bag_label(Path("runs/board_w4a16"), {"variant": "fused", "backend": "htp",
+                                             "context_suffix.llm": "_w4a16", "machine": "b"})
+    b = bag_label(Path("runs/ws"), {"variant": "grid_sampler", "backend": "onnx",
+                                    "context_suffix.llm": "", "machine": "w"})
+    assert a == "board_w4a16 (fused, llm=_w4a16, htp, b)"
+    assert b == "ws (grid_sampler, onnx, w)"

@@ -11,6 +11,17 @@ from ..errors import MolmoActError
 from .args import check_paths, check_report_dir, float_in
 
 
+def bag_label(path: Path, settings: dict) -> str:
+    """One side of a comparison as the plots name it: the bag, its variant, context suffixes,
+    backend and machine (two bundles or two suffixes differ here, not only two boards)."""
+    suffixes = ", ".join(f"{k.removeprefix('context_suffix.')}={v}" for k, v in
+                         sorted(settings.items()) if k.startswith("context_suffix.") and v)
+    backend = settings.get("backend", "?")
+    precision = f"{suffixes or 'fp16'}, " if backend == "htp" else ""  # onnx: the onnx/ graphs
+    return (f"{path.name} ({settings.get('variant', '?')}, {precision}{backend}, "
+            f"{settings.get('machine', '?')})")
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from ..bundle.bundle import resolve_bundles
     from ..replay.chunk_match import check_atol, format_summary, match_chunks
@@ -67,10 +78,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         data = ReportData(
             run=dict(a.chunks), golden=dict(b.chunks), names=list(names),
             period_s=(b.period_ns or a.period_ns) / 1e9, summary=summary,
-            run_label=f"A ({a.settings.get('backend', '?')})",
-            golden_label=f"B ({b.settings.get('backend', '?')})",
-            title=f"{a.settings.get('variant', '?')}: A {a.settings.get('machine', '?')}, "
-                  f"B {b.settings.get('machine', '?')}; compared on {machine()}")
+            run_label=bag_label(Path(args.a), a.settings),
+            golden_label=bag_label(Path(args.b), b.settings), short_labels=("A", "B"),
+            title=f"compared on {machine()}")
         files = write_report(Path(args.report), data, {
             "a": a.provenance, "b": b.provenance, "differences": differences,
             "match": summary.to_json(), "error_distribution": dist,

@@ -5,7 +5,8 @@ Plots: ``actions.png`` (run and golden per dimension, row i of a chunk at its st
 (i+1)·period), ``residuals.png`` (run − golden per dimension with the tolerance band),
 ``error_per_chunk.png`` (1 − cosine and the within fraction per chunk beside their limits,
 max-abs error), ``continuity.png`` (the jump at each chunk switch, run and golden),
-``latency.png`` (per component, in pipeline order) and, for ``compare``,
+``latency.png`` (a table of the median, p95 and max per component, in pipeline order) and,
+for ``compare``,
 ``error_distribution.png`` (per dimension, in the action's own units).
 """
 
@@ -43,6 +44,8 @@ class ReportData:
     summary: Any = None  # chunk_match.MatchSummary
     run_label: str = "run"
     golden_label: str = "golden"
+    #: what the axes call the two sides: replay's run and golden, compare's A and B
+    short_labels: tuple[str, str] = ("run", "golden")
     title: str = ""  # backend and machine
     latency: list[dict[str, float]] = field(default_factory=list)
 
@@ -253,6 +256,8 @@ def _plot_residuals(plt, folder: Path, data: ReportData) -> Path:
     fig, axes = plt.subplots(len(names), 1, figsize=(10, 1.7 * len(names)), sharex=True,
                              squeeze=False)
     axes = axes[:, 0]
+    widest = np.zeros(len(names))  # per dimension: the band's and the residual's extent
+    largest = np.zeros(len(names))
     for stamp in sorted(verdict):
         got, want = data.run[stamp], data.golden[stamp]
         if got.shape != want.shape:
@@ -263,6 +268,9 @@ def _plot_residuals(plt, folder: Path, data: ReportData) -> Path:
         atol = tol.atol_for(want.shape)
         band = atol + tol.rtol * np.abs(want)
         res = got - want
+        widest = np.maximum(widest, band.max(axis=0))
+        largest = np.maximum(largest, np.abs(np.nan_to_num(res, posinf=1e6, neginf=-1e6))
+                             .max(axis=0))
         color = "C2" if verdict[stamp].passed else "C3"
         for d, ax in enumerate(axes):
             ax.fill_between(t, -band[:, d], band[:, d], color="0.85", lw=0)
@@ -270,16 +278,27 @@ def _plot_residuals(plt, folder: Path, data: ReportData) -> Path:
             outside = np.abs(res[:, d]) > band[:, d]
             if outside.any():
                 ax.plot(t[outside], res[outside, d], "x", color="C3", ms=5)
+    first, second = data.short_labels
+    scaled = []
     for d, ax in enumerate(axes):
         ax.axhline(0.0, color="0.4", lw=0.6)
-        ax.set_ylabel(f"{names[d]}\nrun − golden", fontsize=8)
+        if residual_scale(widest[d], largest[d]) == "symlog":
+            # linear within the band, logarithmic beyond: the band and the error both show
+            ax.set_yscale("symlog", linthresh=float(widest[d]))
+            ax.set_ylim(-3.0 * largest[d], 3.0 * largest[d])
+            scaled.append(names[d])
+        ax.set_ylabel(f"{names[d]}\n{first} − {second}", fontsize=8)
         ax.grid(alpha=0.3)
     failed = sum(not c.passed for c in summary.chunks)
+    scale_note = (f"; symlog (linear within the band) for {', '.join(scaled)}" if scaled
+                  else "")
     axes[0].set_title(
-        f"residual {data.run_label} − {data.golden_label} per dimension [{units}]; grey: "
-        f"tolerance band ±(atol + {tol.rtol:g}·|golden|)\ngreen: chunk passed, red: failed, "
-        f"x: outside the band ({failed} of {len(summary.chunks)} chunks failed)\n{data.title}",
-        fontsize=8)
+        f"residual {first} − {second} per dimension [{units}]; grey: tolerance band "
+        f"±(atol + {tol.rtol:g}·|{second}|){scale_note}\ngreen: chunk passed, red: failed, "
+        f"x: outside the band ({failed} of {len(summary.chunks)} chunks failed)\n"
+        + (f"{first}: {data.run_label}; {second}: {data.golden_label}\n"
+           if (data.run_label, data.golden_label) != data.short_labels else "")
+        + data.title, fontsize=8)
     axes[-1].set_xlabel("time since the first observation [s] (row i at stamp + (i+1)·period)")
     return _save(plt, fig, folder / "residuals.png")
 
@@ -339,22 +358,38 @@ def _plot_continuity(plt, folder: Path, data: ReportData, rows) -> Path:
     return _save(plt, fig, folder / "continuity.png")
 
 
-def _plot_latency(plt, folder: Path, data: ReportData) -> Path:
-    present = {k for sample in data.latency for k in sample}
+def latency_table(samples: list[dict[str, float]]) -> list[tuple[str, float, float, float]]:
+    """(component, median, p95, max) in ms over the chunks, in pipeline order."""
+    present = {k for sample in samples for k in sample}
     keys = [k for k in PIPELINE_ORDER if k in present] + sorted(present - set(PIPELINE_ORDER))
-    cols = 4
-    rows = (len(keys) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(12, 2.4 * rows), squeeze=False)
-    for ax, key in zip(axes.flat, keys):
-        values = [s.get(key, np.nan) for s in data.latency]
-        ax.hist(values, bins=min(20, max(5, len(values))), color="C1")
-        ax.set_title(f"{key}: median {np.nanmedian(values):.2f} ms", fontsize=9)
-        ax.set_xlabel("ms", fontsize=8)
-        ax.set_ylabel("chunks", fontsize=8)
-    for ax in list(axes.flat)[len(keys):]:
-        ax.axis("off")
-    fig.suptitle(f"latency per component, in pipeline order — {data.title}", fontsize=10)
+    rows = []
+    for key in keys:
+        values = np.asarray([s[key] for s in samples if key in s], np.float64)
+        rows.append((key, float(np.median(values)), float(np.percentile(values, 95)),
+                     float(values.max())))
+    return rows
+
+
+def _plot_latency(plt, folder: Path, data: ReportData) -> Path:
+    """A table, not histograms: a few chunks give no distribution, and medians compare."""
+    rows = latency_table(data.latency)
+    fig, ax = plt.subplots(1, 1, figsize=(7, 0.9 + 0.28 * (len(rows) + 1)))
+    ax.axis("off")
+    cells = [[key, f"{median:.2f}", f"{p95:.2f}", f"{top:.2f}"]
+             for key, median, p95, top in rows]
+    table = ax.table(cellText=cells, colLabels=["component", "median ms", "p95 ms", "max ms"],
+                     loc="center", cellLoc="right", colLoc="right")
+    table.auto_set_font_size(False)
+    table.set_fontsize(9)
+    ax.set_title(f"latency per component over {len(data.latency)} chunks, in pipeline order"
+                 f"\n{data.title}", fontsize=9)
     return _save(plt, fig, folder / "latency.png")
+
+
+def residual_scale(band: float, error: float) -> str:
+    """``symlog`` when the largest residual is more than ten times the band (the band would
+    be a hairline at the error's scale), else ``linear``."""
+    return "symlog" if band > 0 and error > 10.0 * band else "linear"
 
 
 def _plot_distribution(plt, folder: Path, data: ReportData) -> Path:
@@ -366,7 +401,8 @@ def _plot_distribution(plt, folder: Path, data: ReportData) -> Path:
     for d, ax in enumerate(axes[0]):
         ax.hist(diff[:, d], bins=30, color="C0")
         ax.set_title(f"{names[d]}: max |Δ| {np.abs(diff[:, d]).max():.3g}", fontsize=8)
-        ax.set_xlabel(f"{data.run_label} − {data.golden_label}\n[action units]", fontsize=7)
+        ax.set_xlabel(f"{data.short_labels[0]} − {data.short_labels[1]}\n[action units]",
+                      fontsize=7)
         ax.tick_params(labelsize=7)
     axes[0][0].set_ylabel("rows")
     fig.suptitle(f"error distribution per dimension, in the action's own units — {data.title}",
