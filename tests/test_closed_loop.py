@@ -199,6 +199,53 @@ def test_cli_prints_the_table_and_writes_the_plot(tmp_path, capsys):
             ("waypoints", "lissajous"), ("tracking", "integrating"), (10, 20),
             ("none", "crossfade", "ensemble", "inpaint", "pigdm", "hold")):
         assert f"{scene:<10} {robot:<11} auto     {horizon:3d}    300 {blend:<9}     2" in out
+    assert out.splitlines()[-4].startswith("300 ms: ")  # the table ends with its advice
+
+
+def _result(latency_ms, blend, max_step, target_error, robot="integrating"):
+    from molmoact2_ros.bench.closed_loop import RunResult
+
+    return RunResult("synthetic", "waypoints", robot, "delta", "auto", blend, latency_ms, 10, 0,
+                     10, max_step, 1.0, 1.0, 0.0, 0.0, target_error)
+
+
+def test_the_table_ends_with_one_line_per_latency_saying_which_blend_suits_it():
+    from molmoact2_ros.bench.closed_loop import recommendations
+
+    results = [
+        # 300 ms: crossfade halves the step at +5 %, pigdm too but at +20 %
+        _result(300, "none", 0.010, 0.040), _result(300, "crossfade", 0.004, 0.042),
+        _result(300, "pigdm", 0.004, 0.048),
+        # 100 ms: halving costs +20 %: none
+        _result(100, "none", 0.010, 0.040), _result(100, "crossfade", 0.004, 0.048),
+        # 600 ms: nothing overlaps, every blend is none
+        _result(600, "none", 0.010, 0.040), _result(600, "crossfade", 0.010, 0.040),
+    ]
+    lines = recommendations(results)
+    assert [line.split(":")[0] for line in lines] == ["100 ms", "300 ms", "600 ms"]
+    assert lines[0].startswith("100 ms: none: halving the largest step costs more than +10%")
+    assert "crossfade, gives 0.40 of none's largest step at +20% target error" in lines[0]
+    assert lines[1] == ("300 ms: crossfade: halves the largest step (at worst 0.40 of none's) "
+                        "for at most +5% target error")
+    assert lines[2].startswith("600 ms: none: no chunk overlaps the next")
+    # every robot must agree: on a second robot where crossfade costs +30 %, it is not advised
+    lines = recommendations(results + [_result(300, "none", 0.010, 0.040, "tracking"),
+                                       _result(300, "crossfade", 0.004, 0.052, "tracking")])
+    assert lines[1].startswith("300 ms: none:")
+
+
+def test_the_plot_data_holds_the_target_and_each_plan():
+    scene = make_scene("waypoints", 0)
+    result, trace = run_closed_loop(
+        TargetTrackingPolicy(10, seed=0, action_type="delta"), blend="none", start="auto",
+        latency_ms=100, duration_s=3.0, robot="integrating", scene=scene)
+    assert len(trace.targets) == len(trace.times_s)
+    np.testing.assert_allclose(trace.targets[40], scene.target(trace.times_s[40]))
+    assert len(trace.plans) == len(trace.chunks) == result.switches + 1
+    for (due, rows), (plan_due, plan) in zip(trace.chunks, trace.plans):
+        np.testing.assert_array_equal(due, plan_due)
+        # delta rows integrate into absolute targets: successive plan rows differ by a row
+        np.testing.assert_allclose(np.diff(plan[:, 0]), rows[1:, 0] * DELTA_UNIT_M, atol=1e-6)
 
 
 def test_the_tiny_bundle_runs_closed_loop_with_inpainting_in_its_flow_loop(tiny_root):

@@ -19,7 +19,7 @@ a baseline that keeps executing the old chunk over the whole overlap.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -188,9 +188,13 @@ class Trace:
     """What a run executed, for the plot."""
 
     times_s: np.ndarray
-    commands: np.ndarray
+    commands: np.ndarray  # the executed pose per tick
     switch_ticks: list[int]
     chunks: list[tuple[np.ndarray, np.ndarray]]  # (due times s, raw rows) per chunk
+    #: the scene's target per tick, and each chunk's plan as ~/trajectory gives it (due times
+    #: s, absolute targets: delta rows integrated from the observed pose), for the plot
+    targets: np.ndarray | None = None
+    plans: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
 
 
 def _intended(out: Published, unguided: np.ndarray) -> Published:
@@ -253,6 +257,8 @@ def run_closed_loop(policy, *, blend: str, start: str, latency_ms: float, jitter
     unguided = getattr(policy, "unguided", {})
     commands, poses, waiting, intent_err, target_err, switch_ticks = [], [], [], [], [], []
     chunks: list[tuple[np.ndarray, np.ndarray]] = []
+    plans: list[tuple[np.ndarray, np.ndarray]] = []
+    targets = []
     pose = np.zeros(ACTION_DIM)
     steps_total = int(round(duration_s / period_s))
     for k in range(steps_total):
@@ -270,6 +276,7 @@ def run_closed_loop(policy, *, blend: str, start: str, latency_ms: float, jitter
                 intent.accept(intended, out.ready_ns)
                 due = (out.start_ns + (np.arange(len(out.actions)) + 1) * period_ns) / 1e9
                 chunks.append((due, out.chunk.actions))
+                plans.append((due, trajectory_targets(out)))
         if held and follower.start_ns is not None \
                 and now >= follower.start_ns + follower.times_ns[-1]:
             out = held[-1]  # the old chunk has ended: the newest waiting one takes over
@@ -288,7 +295,9 @@ def run_closed_loop(policy, *, blend: str, start: str, latency_ms: float, jitter
         poses.append(pose)
         waiting.append(idle)
         intent_err.append(np.linalg.norm(np.asarray(command)[:3] - np.asarray(wanted)[:3]))
-        target_err.append(np.linalg.norm(pose[:2] - scene.target(now / 1e9)[:2]))
+        goal = scene.target(now / 1e9)
+        targets.append(goal)
+        target_err.append(np.linalg.norm(pose[:2] - goal[:2]))
         if not inflight:
             ctl.tick()
             if ctl._wake.is_set():
@@ -313,7 +322,8 @@ def run_closed_loop(policy, *, blend: str, start: str, latency_ms: float, jitter
         intent_error=float(np.mean(intent_err)), target_error=float(np.mean(target_err)),
     )
     times = np.arange(len(cmd)) * period_s
-    return result, Trace(times, np.asarray(poses), switch_ticks, chunks)
+    return result, Trace(times, np.asarray(poses), switch_ticks, chunks, np.asarray(targets),
+                         plans)
 
 
 @dataclass
@@ -338,7 +348,8 @@ def summarise(results: list[RunResult]) -> list[Summary]:
 
 
 def format_table(results: list[RunResult]) -> str:
-    """Mean ± standard deviation over seeds; ``/none`` is the largest step against none's."""
+    """Mean ± standard deviation over seeds; ``/none`` is the largest step against none's;
+    the table ends with one line per latency saying which blend suits it and why."""
     summaries = summarise(results)
     head = (f"{'scene':<10} {'robot':<11} {'start':<8} {'H':>3} {'lat ms':>6} {'blend':<9} "
             f"{'seeds':>5} {'max step mm':>13} {'/none':>5} {'jerk m/s3':>11} {'wait s':>11} "
@@ -360,31 +371,106 @@ def format_table(results: list[RunResult]) -> str:
             f"{jerk:5.1f}±{jerk_sd:<5.1f} {wait:5.2f}±{wait_sd:<5.2f} "
             f"{target * 1e3:5.1f}±{target_sd * 1e3:<5.1f} "
             f"{intent * 1e3:5.2f}±{intent_sd * 1e3:<5.2f}")
+    lines += [f"which blend per latency (it must halve none's largest step within "
+              f"{TARGET_COST:+.0%} target error in every scene and robot run):",
+              *recommendations(results)]
     return "\n".join(lines)
 
 
+#: what a blend must do to be worth it: halve none's largest step ...
+STEP_RATIO = 0.5
+#: ... while adding at most this much target error (the lag a blend costs)
+TARGET_COST = 0.10
+BLENDS_COMPARED = ("crossfade", "ensemble", "inpaint", "pigdm")
+
+
+def recommendations(results: list[RunResult]) -> list[str]:
+    """One line per latency: the blend that halves the largest step against ``none`` within
+    +10 % target error in every scene and robot run at that latency (the least target error
+    among those), or ``none`` with why."""
+    summaries = summarise(results)
+    lines = []
+    for latency in sorted({s.key[6] for s in summaries}):
+        at = [s for s in summaries if s.key[6] == latency]
+        none = {s.key[:-1]: s for s in at if s.key[-1] == "none"}
+        if not none:
+            lines.append(f"{latency:g} ms: no advice (run with --blends none to compare)")
+            continue
+        per_group: dict[tuple, dict[str, tuple[float, float]]] = {}
+        for s in at:
+            ref = none.get(s.key[:-1])
+            if s.key[-1] not in BLENDS_COMPARED or ref is None:
+                continue
+            step = s.stat("max_step")[0] / max(ref.stat("max_step")[0], 1e-12)
+            cost = s.stat("target_error")[0] / max(ref.stat("target_error")[0], 1e-12) - 1.0
+            per_group.setdefault(s.key[:-1], {})[s.key[-1]] = (step, cost)
+        if not per_group:
+            lines.append(f"{latency:g} ms: none (no blend was run beside it)")
+            continue
+        # a run where no chunk overlaps the next (every blend is none there) says nothing
+        live = [g for g in per_group.values()
+                if any(abs(st - 1.0) > 1e-9 or abs(c) > 1e-9 for st, c in g.values())]
+        if not live:
+            lines.append(f"{latency:g} ms: none: no chunk overlaps the next at this latency, so "
+                         "every blend runs as none")
+            continue
+        worst: dict[str, tuple[float, float]] = {}
+        for group in live:
+            for blend, (step, cost) in group.items():
+                prev = worst.get(blend, (0.0, -np.inf))
+                worst[blend] = (max(prev[0], step), max(prev[1], cost))
+        good = {b: v for b, v in worst.items() if v[0] <= STEP_RATIO and v[1] <= TARGET_COST}
+        if good:
+            blend, (step, cost) = min(good.items(), key=lambda kv: kv[1][1])
+            lines.append(f"{latency:g} ms: {blend}: halves the largest step (at worst "
+                         f"{step:.2f} of none's) for at most {cost:+.0%} target error")
+            continue
+        blend, (step, cost) = min(worst.items(), key=lambda kv: max(kv[1][0] / STEP_RATIO,
+                                                                    kv[1][1] / TARGET_COST))
+        why = (f"halving the largest step costs more than {TARGET_COST:+.0%} target error "
+               "(the blend adds lag)" if step <= STEP_RATIO
+               else "no blend halves the largest step")
+        lines.append(f"{latency:g} ms: none: {why}; the closest, {blend}, gives {step:.2f} of "
+                     f"none's largest step at {cost:+.0%} target error (a blend needs <= "
+                     f"{STEP_RATIO:g} at <= {TARGET_COST:+.0%})")
+    return lines
+
+
 def write_plot(traces: dict[str, Trace], path: Path, title: str, window_s: tuple[float, float]):
-    """Executed x command around the switches, one panel per strategy (needs matplotlib)."""
+    """Per strategy, around the switches: the target, each chunk's plan (the ~/trajectory it
+    became) and the executed x; a plan that starts away from the path is a jump, an executed
+    path that trails the target is lag (needs matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(traces), 1, figsize=(10, 2.3 * len(traces)), sharex=True,
+    fig, axes = plt.subplots(len(traces), 1, figsize=(10, 2.5 * len(traces)), sharex=True,
                              sharey=True)
     axes = np.atleast_1d(axes)
     lo, hi = window_s
     for ax, (blend, trace) in zip(axes, traces.items()):
         keep = (trace.times_s >= lo) & (trace.times_s <= hi)
-        ax.plot(trace.times_s[keep], trace.commands[keep, 0], color="C0", lw=1.8,
-                label="executed x")
+        if trace.targets is not None and len(trace.targets):
+            ax.step(trace.times_s[keep], trace.targets[keep, 0], where="post", color="0.2",
+                    lw=1.0, ls="--")
+        for due, plan in trace.plans:
+            shown = (due >= lo - 0.5) & (due <= hi + 0.5)
+            if shown.any():  # on top of the executed path, its first row marked
+                ax.plot(due[shown], plan[shown, 0], color="C1", lw=1.0, zorder=3)
+                ax.plot(due[:1], plan[:1, 0], "o", color="C1", ms=3, zorder=3)
+        ax.plot(trace.times_s[keep], trace.commands[keep, 0], color="C0", lw=3.0, alpha=0.45)
         for i in trace.switch_ticks:
             if lo <= trace.times_s[i] <= hi:
                 ax.axvline(trace.times_s[i], color="C3", lw=0.6, alpha=0.7)
+        ax.set_xlim(lo, hi)
         ax.set_ylabel("x (m)")
         ax.set_title(f"blend={blend}", fontsize=9, loc="left")
+    axes[0].plot([], [], color="0.2", lw=1.0, ls="--", label="target")
+    axes[0].plot([], [], color="C1", lw=1.0, marker="o", ms=3, label="each chunk's plan (o: row 0)")
+    axes[0].plot([], [], color="C0", lw=3.0, alpha=0.45, label="executed x")
     axes[0].plot([], [], color="C3", lw=0.6, label="chunk switch")
-    axes[0].legend(loc="upper right", fontsize=7, ncol=3)
+    axes[0].legend(loc="upper right", fontsize=7, ncol=4)
     axes[-1].set_xlabel("time (s)")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()

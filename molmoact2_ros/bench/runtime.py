@@ -35,9 +35,6 @@ from ..host.flow import euler_update, timesteps
 from ..runtime.null_backend import REAL_GEOMETRY, null_sessions
 from ..runtime.session import NUMPY_DTYPES
 
-#: Per-chunk runtime-overhead targets on the 2-core x86 dev box (issue "HTP resident runtime").
-TARGET_MS = {"lp_vtp_sd": 5.0, "grid_sampler": 10.0, "fused": 25.0}
-TARGET_RATIO = 10.0
 #: Host stages do not depend on the runtime design: a long run does not need more samples.
 HOST_REPEATS = 200
 #: at most this many floor copies, in turns with (a)'s chunks and spread over the run
@@ -342,13 +339,6 @@ def bench_variant(
     record["ratio"] = record["naive"]["total"]["median"] / max(
         record["resident"]["total"]["median"], 1e-9
     )
-    target = TARGET_MS.get(variant.name)
-    record["target_ms"] = target
-    record["meets_target"] = bool(
-        target is not None
-        and record["resident"]["total"]["median"] <= target
-        and record["ratio"] >= TARGET_RATIO
-    )
     return record
 
 
@@ -369,12 +359,10 @@ def format_record(r: dict) -> str:
         f"{fb['inputs'] / 2**20:.1f} MiB + outputs {fb['outputs'] / 2**20:.1f} MiB; into the "
         f"arena {fb['arena'] / 2**20:.1f} MiB); (a)/floor {r['floor_ratio']:.2f}x"
     )
-    target = r.get("target_ms")
-    verdict = "meets" if r["meets_target"] else "misses"
     lines.append(
         f"(b)/(a) overhead ratio: {r['ratio']:.1f}x; (a) per chunk "
-        f"{r['resident']['total']['median']:.2f} ms (target <= {target} ms and >= "
-        f"{TARGET_RATIO:.0f}x: {verdict})"
+        f"{r['resident']['total']['median']:.2f} ms (judged against its memory floor above, "
+        "not an absolute target)"
     )
     rss = r["rss_mb"]
     for who, title in (("parent", "orchestrator"), ("workers", "6 workers")):
