@@ -130,6 +130,7 @@ def test_robot_example_sets_topics_state_frame_and_safety_bounds():
     assert settings["state.base_frame"] != settings["state.ee_frame"]
     for key in ("action_min", "action_max", "max_step_delta"):
         assert len(settings[key]) == len(settings["action_names"]) == 7, key
+    assert len(settings["safety.workspace_min"]) == len(settings["safety.workspace_max"]) == 3
 
 
 def test_libero_dds_file_gives_the_node_what_the_launch_file_gives_it():
