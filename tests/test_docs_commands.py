@@ -30,7 +30,8 @@ def _snippets(text: str) -> list[str]:
     out = []
     for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.DOTALL):
         joined = re.sub(r"\\\n\s*", " ", block)
-        out += [line.split(" #")[0] for line in joined.splitlines()]
+        out += [line.split(" #")[0] for line in joined.splitlines()
+                if not line.lstrip().startswith("#")]
     prose = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
     out += [span.replace("\n", " ") for span in re.findall(r"`([^`]+)`", prose)]
     return out
@@ -96,6 +97,19 @@ def test_every_documented_command_runs_with_help_and_has_its_options(capsys):
     assert problems == []
 
 
+def _tool_options() -> set[str]:
+    """Options of the repository's other scripts (``reference/export_reference.py``, ...)."""
+    found = set()
+    for path in ROOT.glob("*/*.py"):
+        if path.parts[-2] in ("molmoact2_ros", "tests", "launch"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+                found |= {a.value for a in node.args if isinstance(a, ast.Constant)
+                          and str(a.value).startswith("--")}
+    return found
+
+
 def _sections(text: str) -> list[tuple[str, str]]:
     parts = re.split(r"^## (.+)$", text, flags=re.MULTILINE)
     return list(zip(parts[1::2], parts[2::2]))
@@ -107,7 +121,7 @@ def test_every_option_the_docs_name_exists():
     _, commands, globals_ = _subparsers()
     by_command = {c: {s for a in p._actions for s in a.option_strings} for c, p in
                   commands.items()}
-    every = set().union(*by_command.values()) | globals_ | FOREIGN_OPTIONS
+    every = set().union(*by_command.values()) | globals_ | FOREIGN_OPTIONS | _tool_options()
     problems = []
     for path in DOCS:
         text = path.read_text(encoding="utf-8")
