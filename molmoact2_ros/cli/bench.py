@@ -274,7 +274,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--robots", nargs="+", choices=ROBOTS, default=["tracking", "integrating"],
                    help="tracking (follows the JointTrajectory), integrating (applies delta "
                    "rows), libero (LIBERO's arm under its OSC_POSE controller, physics only; "
-                   "the sim extra, about 10 s per run)")
+                   "the sim extra; a run costs far more than on the simulated robots)")
     g.add_argument("--action-type", choices=("delta", "absolute"), default="delta",
                    help="what the synthetic policy's rows are (LIBERO: delta)")
     g.add_argument("--duration-s", type=float_in(0.0, 3600.0, low_open=True), default=20.0,
@@ -286,9 +286,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--horizons", type=int_in(1, 1000), nargs="+", default=[10, 20],
                    help="synthetic policy chunk rows (LIBERO: 10)")
     g.add_argument("--seed", type=int_in(0, SEED_MAX), default=0,
-                   help="first scene and policy seed")
+                   help="first seed: each strategy runs seeds SEED..SEED+SEEDS-1, each "
+                   "seeding the scene and the policy's noise")
     g.add_argument("--seeds", type=int_in(1, 1000), default=3,
-                   help="seeds per strategy (the table gives mean ± sd)")
+                   help="seeds per strategy; the table gives mean ± sd over them")
     g.add_argument("--bundle-root", help="also run a bundle: a variant's folder, or a root with "
                    "one folder per variant (resolved as every command resolves BUNDLE)")
     g.add_argument("--variant", choices=list(VARIANTS),
