@@ -139,3 +139,25 @@ def test_doctor_on_a_seed_workspace_without_host_names_export_host(tiny_root, tm
 
 def test_parity_takes_ignore_bundle_libs(tiny_root, capsys):
     assert main(["parity", str(tiny_root / "grid_sampler"), "--ignore-bundle-libs"]) == 0
+
+
+def test_download_messages_name_the_repository(tiny_root, tmp_path):
+    """A missing context, a missing bundle and a missing checkpoint shard each name where to
+    download it from (docs/iq9075.md's table)."""
+    from molmoact2_ros.bundle.bundle import Bundle, resolve_bundles
+    from molmoact2_ros.bundle.checkpoint import safetensors_files
+    from molmoact2_ros.errors import BundleError
+
+    root = tmp_path / "grid_sampler"
+    shutil.copytree(tiny_root / "grid_sampler", root, symlinks=True)
+    shutil.rmtree(root / "ctx")
+    with pytest.raises(BundleError, match="huggingface-cli download "
+                       "xpuenabler/molmoact2-libero_grid_sampler_qnn --local-dir"):
+        Bundle.open(root).check("htp")
+    with pytest.raises(BundleError, match="xpuenabler/MolmoAct2-LIBERO-LP-VTP-SD"):
+        resolve_bundles(tmp_path / "nowhere")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors.index.json").write_text('{"weight_map": {"a": "a.safetensors"}}')
+    with pytest.raises(BundleError, match="allenai/MolmoAct2-LIBERO"):
+        safetensors_files(ckpt)

@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import BundleError
 from ..util.optional import require
 from .schema import read_json_object
+from .variants import checkpoint_hint
 
 #: The table is ``wte.embedding`` [vocab, H] then ``wte.new_embedding`` [128, H].
 EMBEDDING_SUFFIXES = ("wte.embedding", "wte.new_embedding")
@@ -221,12 +222,12 @@ def safetensors_files(checkpoint: Path) -> list[Path]:
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError,
                 AttributeError) as exc:
             raise BundleError(f"{index} is not a safetensors index (needs a 'weight_map' of "
-                              f"tensor -> file; {type(exc).__name__}: {exc}); re-download "
-                              "it") from None
+                              f"tensor -> file; {type(exc).__name__}: {exc}); "
+                              f"{checkpoint_hint()}") from None
         missing = [n for n in names if not isinstance(n, str) or not (checkpoint / n).is_file()]
         if missing:
             raise BundleError(f"{index} names {missing[:3]} which {checkpoint} lacks; "
-                              "download every shard") from None
+                              f"{checkpoint_hint('every shard')}") from None
         return [checkpoint / n for n in names]
     files = sorted(checkpoint.glob("*.safetensors"))
     if not files:
@@ -263,7 +264,7 @@ def embedding_table(checkpoint: Path) -> np.ndarray:
                 keys = list(f.keys())
         except Exception as exc:  # SafetensorError, OSError: a truncated or foreign file
             raise BundleError(f"{path} is not a readable safetensors file ({exc}); "
-                              "re-download it") from None
+                              f"{checkpoint_hint()}") from None
         for key in keys:
             for suffix in EMBEDDING_SUFFIXES:
                 if key.endswith(suffix):
@@ -276,7 +277,8 @@ def embedding_table(checkpoint: Path) -> np.ndarray:
         parts = [read_tensor(*found[s]) for s in EMBEDDING_SUFFIXES]
     except (ValueError, KeyError, OSError) as exc:
         raise BundleError(f"cannot read the embedding tensors from {checkpoint} "
-                          f"({type(exc).__name__}: {exc}); re-download the weights") from None
+                          f"({type(exc).__name__}: {exc}); {checkpoint_hint('the weights')}"
+                          ) from None
     if parts[0].ndim != 2 or parts[1].ndim != 2 or parts[0].shape[1] != parts[1].shape[1]:
         raise BundleError(f"embedding tensors have shapes {[p.shape for p in parts]}")
     return np.concatenate(parts).astype(np.float16)

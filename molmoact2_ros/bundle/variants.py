@@ -241,6 +241,13 @@ def download_hint(variant: str | None = None, what: str = "the bundle") -> str:
     return f"download {what} from Hugging Face ({repos}; docs/iq9075.md)"
 
 
+def checkpoint_hint(what: str = "it") -> str:
+    """How to (re-)download a checkpoint, naming the repositories host/ comes from."""
+    repos = ", ".join(f"{v}: {r}" for v, r in HOST_CHECKPOINTS.items() if r)
+    return (f"download {what} again (huggingface-cli download REPO --local-dir CHECKPOINT; "
+            f"{repos})")
+
+
 def get_variant(name: str) -> VariantSpec:
     """Look a variant up by name, with the list of valid names on failure."""
     try:
