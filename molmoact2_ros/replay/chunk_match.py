@@ -155,8 +155,6 @@ def match_chunks(produced: Mapping[int, np.ndarray], golden: Mapping[int, np.nda
     matches, nothing is extra and at least ``min_produced`` of the golden chunks were produced
     (live ``ros2 bag play`` may skip observations; file replay should produce all).
     """
-    for chunk in list(golden.values())[:1]:
-        check_atol(tol, np.shape(chunk)[-1])
     chunks = [chunk_metrics(s, produced[s], golden[s], tol, scale)
               for s in sorted(produced) if s in golden]
     return MatchSummary(
