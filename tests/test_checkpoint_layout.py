@@ -66,7 +66,7 @@ def test_prompt_tokens_come_from_tokenizer_config(tiny_root, tmp_path, capsys):
     assert (prompt["bos_token"], prompt["eos_token"], prompt["pad_token"]) == (
         "<|im_end|>", "<|im_end|>", "<|endoftext|>")
     assert prompt["template"] == robot_template()
-    assert "defaults still to verify: euler_baked_steps, flip_images_180\n" in \
+    assert "defaults still to verify: flip_images_180\n" in \
         capsys.readouterr().out
     assert cli_main(["conventions", str(bundle)]) == 0
     assert cli_main(["parity", str(bundle)]) == 0

@@ -121,16 +121,14 @@ def _ref_taps(n_in: int, n_out: int) -> list[tuple[int, int, float, float]]:
 
 
 def _ref_pixel(img: np.ndarray, ty: tuple, tx: tuple, ch: int) -> int:
-    """One output value: width lerps then height lerp, each float32 fma(w0, a, w1*b)."""
+    """One output value as torch's channels-last kernel computes it: float32 tap weights h*w,
+    then fma(t11, w11, fma(t10, w10, fma(t00, w00, t01*w01)))."""
     y0, y1, wy0, wy1 = ty
     x0, x1, wx0, wx1 = tx
-
-    def lerp(w0: float, a: float, w1: float, b: float) -> float:
-        return _f32(w0 * a + _f32(w1 * b))
-
-    top = lerp(wx0, float(img[y0, x0, ch]), wx1, float(img[y0, x1, ch]))
-    bottom = lerp(wx0, float(img[y1, x0, ch]), wx1, float(img[y1, x1, ch]))
-    value = lerp(wy0, top, wy1, bottom)
+    w00, w01, w10, w11 = _f32(wy0 * wx0), _f32(wy0 * wx1), _f32(wy1 * wx0), _f32(wy1 * wx1)
+    value = _f32(w00 * float(img[y0, x0, ch]) + _f32(w01 * float(img[y0, x1, ch])))
+    value = _f32(w10 * float(img[y1, x0, ch]) + value)
+    value = _f32(w11 * float(img[y1, x1, ch]) + value)
     return min(max(round(value), 0), 255)  # Python's round() is half-to-even
 
 

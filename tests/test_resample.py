@@ -114,10 +114,8 @@ def test_kernel_maths_uncompiled_equals_reference() -> None:
         grid = size // 14
         index8 = np.zeros((grid * grid, 14 * 14 * 3), np.uint8)
         resample_jit.resize_levels_patched(
-            img.reshape(img.shape[0], -1), tables.rows, tables.r0, tables.r1, tables.wy0,
-            p.wy1.reshape(-1), tables.c0, tables.c1, tables.wx0, p.wx1, 14, index8,
-            np.zeros((p.rows.size, size * 3), np.float32), np.zeros(img.shape[1] * 3, np.float32),
-            np.zeros(size * 3, np.uint8))
+            img.reshape(img.shape[0], -1), tables.y0, tables.y1, tables.wy0, tables.wy1,
+            tables.c0, tables.c1, p.wx0, p.wx1, 14, index8, np.zeros(size * 3, np.uint8))
         got = np.empty(index8.shape, np.float32)
         lookup_into(index8, got)
         seen = np.rot90(img, 2) if flip else img
@@ -135,7 +133,7 @@ def test_a_kernel_that_differs_is_refused(monkeypatch, caplog) -> None:
 
         def wrong(*args):
             fn(*args)
-            index8 = args[11]
+            index8 = args[10]
             index8[0, 0] = min(int(index8[0, 0]) + 1, 255) if index8[0, 0] < 255 else 254
 
         return wrong

@@ -2,7 +2,8 @@
 
 The goldens show the mask value, padding side, bidirectional image attention, encoder-mask
 policy, Euler placement and whether vision already adds the ``<im_patch>`` embedding;
-``euler_baked_steps`` and ``flip_images_180`` cannot be read off them (defaults to verify).
+``euler_baked_steps`` only through the primary trace's step count, ``flip_images_180`` not at
+all (a default to verify).
 """
 
 from __future__ import annotations
@@ -99,7 +100,30 @@ def check_conventions(bundle: Bundle, conv: Conventions | None = None) -> list[F
                             "action_step output is " + ("next_trajectory" if in_graph
                                                         else "velocity")))
     findings.append(_patch_embedding(bundle, conv, split0["hidden_states"]))
+    findings.append(_baked_steps(bundle, conv, step, in_graph))
     return findings
+
+
+def _baked_steps(bundle: Bundle, conv: Conventions, step: dict, in_graph: bool) -> Finding:
+    """With Euler in the graph its dt is baked: the primary trace ran the graph's own step
+    count, and the action_step golden's timestep is a multiple of 1/N. No graph shows dt."""
+    name = "euler_baked_steps"
+    trace_path = bundle.root / "golden" / "e2e_trace.npz"
+    if not in_graph:
+        return Finding(name, None, conv.euler_baked_steps, "action_step outputs velocity")
+    try:
+        steps = int(load_npz(trace_path, ["flow_steps"])["flow_steps"])
+    except Exception as exc:  # no trace: nothing shows the step count
+        return Finding(name, None, conv.euler_baked_steps,
+                       f"needs golden/e2e_trace.npz ({type(exc).__name__})")
+    t = float(np.asarray(step.get("timestep", np.nan)).reshape(-1)[0])
+    if steps < 1 or not np.isfinite(t) or abs(t * steps - round(t * steps)) > 1e-4:
+        return Finding(name, None, conv.euler_baked_steps,
+                       f"e2e_trace.npz ran {steps} steps but action_step's timestep {t:g} is "
+                       "not a multiple of 1/steps")
+    return Finding(name, steps, conv.euler_baked_steps,
+                   f"e2e_trace.npz ran {steps} steps through this graph (timestep {t:g}); "
+                   "parity end to end confirms the baked dt")
 
 
 #: A configured mask value at or below this zeroes softmax as ``finfo.min`` does.
@@ -185,7 +209,9 @@ def conventions_from_goldens(bundle: Bundle, base: Conventions | None = None
 
 def unverified(findings: list[Finding]) -> list[str]:
     """Names of the choices the goldens did not decide (defaults still to be verified)."""
-    return [f.name for f in findings if f.verdict == UNKNOWN] + list(UNREADABLE)
+    seen = {f.name for f in findings if f.verdict != UNKNOWN}
+    return [f.name for f in findings if f.verdict == UNKNOWN] + [
+        u for u in UNREADABLE if u not in seen and u not in {f.name for f in findings}]
 
 
 def diff_lines(old: Conventions, new: Conventions) -> list[str]:

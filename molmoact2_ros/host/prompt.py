@@ -20,25 +20,36 @@ from ..bundle.variants import VariantSpec
 from ..errors import BundleError, PromptError
 from . import fp16
 
-_PREFIXES = re.compile(
-    r"^(?:task|instruction|language instruction|goal)\s*:\s*|^(?:your |the )task is to\s+",
-    re.IGNORECASE,
+#: The model's ``_normalize_question_text`` (LeRobot's vendored MolmoAct2), character for
+#: character: its prefixes, delimiters and sentence split.
+_PREFIXES = (
+    re.compile(r"^(?:task|instruction|language[_ ]instruction|goal)\s*[:\-]\s*", re.IGNORECASE),
+    re.compile(r"^(?:the\s+task\s+is\s+to|your\s+task\s+is\s+to)\s+", re.IGNORECASE),
 )
-_QUOTES = "\"'`“”‘’[](){}<>"
-_TRAILING = ".!?;:,"
+_SURROUNDING = "\"'`“”‘’[](){}"
+_TRAILING = ".,!?;:,…"
+_CLOSERS = "\"'”’)]}"
 
 
 def normalize_instruction(text: str) -> str:
-    """Task-text normalisation of the reference processor (host_glue §3.1)."""
-    text = " ".join(str(text).split())
+    """Task-text normalisation of the model's ``predict_action`` (host_glue §3.1): collapse
+    whitespace, strip delimiters, prefixes and trailing punctuation until nothing changes,
+    split sentences at every run of ``.!?`` (also inside a word) joined by ``; ``, lower-case."""
+    text = re.sub(r"\s+", " ", str(text)).strip()
+    if not text:
+        return ""
     previous = None
-    while previous != text:
+    while text and text != previous:
         previous = text
-        text = text.strip().strip(_QUOTES).strip()
-        text = _PREFIXES.sub("", text).strip()
-        text = text.rstrip(_TRAILING + _QUOTES).strip()
-    sentences = [s.strip(" " + _TRAILING) for s in re.split(r"(?<=[.!?])\s+", text)]
-    text = "; ".join(s for s in sentences if s)
+        text = text.strip().strip(_SURROUNDING).strip()
+        for pattern in _PREFIXES:
+            text = pattern.sub("", text, count=1).strip()
+        text = text.rstrip(_TRAILING).rstrip()
+        text = text.rstrip(_CLOSERS).rstrip()
+        text = text.rstrip(_TRAILING).rstrip()
+    chunks = [chunk.strip() for chunk in re.split(r"[.!?]+", text) if chunk.strip()]
+    if len(chunks) > 1:
+        text = "; ".join(chunks)
     return text.lower()
 
 

@@ -1,11 +1,13 @@
 """Torch-exact bilinear resize to uint8 levels and the lookup-table normalise into patch order.
 
-The processor's resize is float32 with fused multiply-adds (see ``_source_positions``); the
-vision tower then sees ``2*u/255 - 1`` of the rounded levels ``u``. Emulating every FMA in
-float64 costs several full passes per image, so the resize runs in plain float32 and only the
-few values that land within ``_TIE_MARGIN`` of a rounding boundary (x.5) are recomputed with
-the exact emulation: plain float32 differs from the FMA result by less than 2**-13 for values
-below 256 (five half-ulps per pass, two passes), so every other value rounds the same.
+The processor's resize is float32 with fused multiply-adds (see ``_source_positions`` and
+``_exact_levels``: torch's channels-last kernel, four weighted taps per value); the vision
+tower then sees ``2*u/255 - 1`` of the rounded levels ``u``. Emulating every FMA in float64
+costs several full passes per image, so the resize runs as plain float32 separable passes and
+only the few values that land within ``_TIE_MARGIN`` of a rounding boundary (x.5) are
+recomputed with the exact emulation: both the passes and torch's chain are within a few
+float32 ulps (2**-16 each below 256) of the exact value, well inside the 2**-10 margin, so
+every other value rounds the same.
 Normalising 256 possible levels is one table lookup, written straight into the caller's
 float16/float32 buffer in patch order (numpy casts float32 -> float16 element by element).
 """
@@ -95,21 +97,29 @@ def plan(in_h: int, in_w: int, out_h: int, out_w: int, flip: bool) -> Plan:
     return result
 
 
-def _fma32(w0: np.ndarray, a: np.ndarray, w1: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """float32 ``fma(w0, a, w1*b)``: ``w0*a`` is exact in float64 (<= 48 significant bits)."""
-    near = np.multiply(b, w1, dtype=np.float32)
-    return (w0.astype(np.float64) * a + near).astype(np.float32)
+def _fma32(w0: np.ndarray, a: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 ``fma(w0, a, c)``: ``w0*a`` (float32 weight, level <= 255) is exact in float64
+    and so is the sum with a float32 ``c`` of this range, so one rounding remains."""
+    return (w0.astype(np.float64) * a + c.astype(np.float64)).astype(np.float32)
 
 
 def _exact_levels(img: np.ndarray, p: Plan, flat_idx: np.ndarray, out_w: int) -> np.ndarray:
-    """The torch-exact rounded level of the output values at ``flat_idx`` (y*out_w*3 + x*3 + c)."""
+    """The torch-exact rounded level of the output values at ``flat_idx`` (y*out_w*3 + x*3 + c).
+
+    The processor resizes a channels-last view, so torch runs its channels-last kernel: four
+    float32 tap weights ``h·w`` per value, summed as the compiled chain
+    ``fma(t11, w11, fma(t10, w10, fma(t00, w00, t01·w01)))``.
+    """
     y, rest = np.divmod(flat_idx, out_w * 3)
     x, c = np.divmod(rest, 3)
     ya, yb, xa, xb = p.y0[y], p.y1[y], p.x0[x], p.x1[x]
-    wx0, wx1 = p.wx0[rest], p.wx1[rest]
-    top = _fma32(wx0, img[ya, xa, c], wx1, img[ya, xb, c])
-    bottom = _fma32(wx0, img[yb, xa, c], wx1, img[yb, xb, c])
-    value = _fma32(p.wy0[y, 0], top, p.wy1[y, 0], bottom)
+    h0, h1 = p.wy0[y, 0], p.wy1[y, 0]
+    v0, v1 = p.wx0[rest], p.wx1[rest]
+    w00, w01 = np.multiply(h0, v0, dtype=np.float32), np.multiply(h0, v1, dtype=np.float32)
+    w10, w11 = np.multiply(h1, v0, dtype=np.float32), np.multiply(h1, v1, dtype=np.float32)
+    value = _fma32(w00, img[ya, xa, c], np.multiply(w01, img[ya, xb, c], dtype=np.float32))
+    value = _fma32(w10, img[yb, xa, c], value)
+    value = _fma32(w11, img[yb, xb, c], value)
     return np.clip(np.rint(value), 0, 255)
 
 

@@ -3,10 +3,10 @@
 The numpy path (``resample.resize_levels`` + ``normalise_into``) makes about fifteen passes
 over every output value (gathers, casts, two multiplies, the tie check, the reorder); on a
 2-core host that is most of the preprocessing time. This kernel computes every value with the
-reference's exact FMA emulation (so no tie re-check), reading each input row once: the width
-pass fills a per-thread float32 row buffer, the height pass rounds each output row to uint8
-levels and stores them in patch order. The shared table lookup (``resample.lookup_into``)
-then writes the unit-range values into the arena, as on the numpy path.
+exact emulation of torch's channels-last kernel (four weighted taps, so no tie re-check), one
+output row at a time, rounds it to uint8 levels and stores them in patch order. The shared
+table lookup (``resample.lookup_into``) then writes the unit-range values into the arena, as
+on the numpy path.
 
 Compiled through ``host/jit.py`` (why numba, the self-check, the switch): without numba, or if
 the kernel fails its bit-exact self-check against the numpy path at first use, the numpy path
@@ -26,34 +26,32 @@ from .jit import CheckedKernel, Mismatch
 _lock = threading.Lock()
 
 
-def resize_levels_patched(src, rows, r0, r1, wy0, wy1, c0, c1, wx0, wx1, patch, index8, hbuf,
-                          line32, levels):
+def resize_levels_patched(src, y0, y1, wy0, wy1, c0, c1, wx0, wx1, patch, index8, levels):
     """The kernel numba compiles (plain Python it is the same maths, slowly): one frame's
     [H, W*3] bytes -> uint8 levels [grid², p²·3] in patch order."""
-    # width pass: every input row read once -> float32 [n_rows, out_w*3]; ``src`` is the
-    # frame as [H, W*3] bytes, c0/c1 the flat tap of each (column, channel). The row is
-    # widened to float32 first so the taps are plain float loads.
+    # torch's channels-last kernel per output value: float32 tap weights h·w, then
+    # fma(t11, w11, fma(t10, w10, fma(t00, w00, t01·w01))) rounded half-even to a level;
+    # ``src`` is the frame as [H, W*3] bytes, c0/c1 the flat tap of each (column, channel)
     cols = c0.size
-    for i in range(rows.size):
-        line = src[rows[i]]
-        for j in range(line.size):
-            line32[j] = np.float32(line[j])
-        out = hbuf[i]
-        for j in range(cols):
-            near = np.float32(wx1[j] * line32[c1[j]])
-            out[j] = np.float32(wx0[j] * np.float64(line32[c0[j]]) + near)
-    # height pass: fma(wy0, top, wy1*bottom) rounded half-even to a level, one output row
-    # at a time (vectorised), then its runs of ``patch*3`` values into patch order
     run = patch * 3
-    grid = r0.size // patch
-    for oy in range(r0.size):
-        top = hbuf[r0[oy]]
-        bottom = hbuf[r1[oy]]
-        w0 = wy0[oy]
-        w1 = wy1[oy]
+    grid = y0.size // patch
+    for oy in range(y0.size):
+        top = src[y0[oy]]
+        bottom = src[y1[oy]]
+        h0 = wy0[oy]
+        h1 = wy1[oy]
         for j in range(cols):
-            near = np.float32(w1 * bottom[j])
-            level = np.rint(np.float32(w0 * np.float64(top[j]) + near))
+            v0 = wx0[j]
+            v1 = wx1[j]
+            w00 = np.float32(h0 * v0)
+            w01 = np.float32(h0 * v1)
+            w10 = np.float32(h1 * v0)
+            w11 = np.float32(h1 * v1)
+            value = np.float32(np.float64(w00) * np.float64(top[c0[j]])
+                               + np.float64(np.float32(w01 * np.float32(top[c1[j]]))))
+            value = np.float32(np.float64(w10) * np.float64(bottom[c0[j]]) + np.float64(value))
+            value = np.float32(np.float64(w11) * np.float64(bottom[c1[j]]) + np.float64(value))
+            level = np.rint(value)
             levels[j] = np.uint8(min(max(level, np.float32(0.0)), np.float32(255.0)))
         first = (oy // patch) * grid
         offset = (oy % patch) * run
@@ -109,26 +107,22 @@ def run(fn, img: np.ndarray, size: int, patch: int, flip: bool, dst: np.ndarray)
 
     p = plan(img.shape[0], img.shape[1], size, size, flip)
     k = _tables(p)
-    cols = size * 3
     index8 = scratch("index8", dst.shape, np.uint8)
-    fn(img.reshape(img.shape[0], -1), k.rows, k.r0, k.r1, k.wy0, p.wy1.reshape(-1), k.c0, k.c1,
-       k.wx0, p.wx1, patch, index8, scratch("jit_rows", (p.rows.size, cols), np.float32),
-       scratch("jit_line", (img.shape[1] * 3,), np.float32),
-       scratch("jit_levels", (cols,), np.uint8))
+    fn(img.reshape(img.shape[0], -1), k.y0, k.y1, k.wy0, k.wy1, k.c0, k.c1, p.wx0, p.wx1,
+       patch, index8, scratch("jit_levels", (size * 3,), np.uint8))
     lookup_into(index8, dst)
 
 
 class _KernelTables(NamedTuple):
     """A plan's tables in the kernel's types: unsigned indices (no negative-index wrap code,
-    half the bytes) and the FMA's exact factors as float64 (exact copies of the float32s)."""
+    half the bytes) and the row weights as flat float32."""
 
-    rows: np.ndarray
-    r0: np.ndarray
-    r1: np.ndarray
+    y0: np.ndarray
+    y1: np.ndarray
     c0: np.ndarray
     c1: np.ndarray
     wy0: np.ndarray
-    wx0: np.ndarray
+    wy1: np.ndarray
 
 
 _table_cache: dict[int, tuple[object, _KernelTables]] = {}
@@ -140,9 +134,9 @@ def _tables(p) -> _KernelTables:
     if hit is not None and hit[0] is p:
         return hit[1]
     u32 = np.uint32
-    k = _KernelTables(p.rows.astype(u32), p.r0.astype(u32), p.r1.astype(u32),
-                      p.c0.astype(u32), p.c1.astype(u32),
-                      p.wy0.reshape(-1).astype(np.float64), p.wx0.astype(np.float64))
+    k = _KernelTables(p.y0.astype(u32), p.y1.astype(u32), p.c0.astype(u32), p.c1.astype(u32),
+                      np.ascontiguousarray(p.wy0.reshape(-1)),
+                      np.ascontiguousarray(p.wy1.reshape(-1)))
     with _lock:
         if len(_table_cache) > 32:
             _table_cache.clear()

@@ -38,21 +38,28 @@ def _linear_taps(in_size: int, out_size: int) -> tuple[np.ndarray, ...]:
     return i0, i1, lam0, lam1
 
 
-def _lerp(w0: np.ndarray, a: np.ndarray, w1: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """torch's compiled lerp: ``fma(w0, a, w1·b)`` with ``w1·b`` rounded to float32 first."""
-    return _fma(np.broadcast_to(w0, a.shape), a, (w1 * b).astype(np.float32))
-
-
 def resize_bilinear_uint8(image: np.ndarray, height: int, width: int) -> np.ndarray:
     """torchvision ``resize(uint8 tensor, bilinear, antialias=False)``: float32, round half-even.
 
-    Width pass then height pass, as torch's generic (multi-threaded) CPU kernel evaluates it.
+    The processor resizes ``permute(from_numpy(hwc), [2, 0, 1])``, a channels-last view, so
+    torch runs its channels-last CPU kernel: per output value the four tap weights are the
+    float32 products ``h·w`` of the row and column lambdas, summed as the compiled chain
+    ``fma(t11, w11, fma(t10, w10, fma(t00, w00, t01·w01)))`` (not the separable width-then-
+    height passes of its channels-first kernel).
     """
     src = np.asarray(image, dtype=np.uint8).astype(np.float32)
+    if src.shape[:2] == (height, width):
+        return np.asarray(image, dtype=np.uint8).copy()
     x0, x1, wx0, wx1 = _linear_taps(src.shape[1], width)
     y0, y1, wy0, wy1 = _linear_taps(src.shape[0], height)
-    rows = _lerp(wx0[None, :, None], src[:, x0], wx1[None, :, None], src[:, x1])
-    out = _lerp(wy0[:, None, None], rows[y0], wy1[:, None, None], rows[y1])
+    h0, h1 = wy0[:, None, None], wy1[:, None, None]
+    v0, v1 = wx0[None, :, None], wx1[None, :, None]
+    w00, w01 = (h0 * v0).astype(np.float32), (h0 * v1).astype(np.float32)
+    w10, w11 = (h1 * v0).astype(np.float32), (h1 * v1).astype(np.float32)
+    top, bottom = src[y0], src[y1]
+    out = _fma(w00, top[:, x0], (w01 * top[:, x1]).astype(np.float32))
+    out = _fma(w10, bottom[:, x0], out)
+    out = _fma(w11, bottom[:, x1], out)
     return np.clip(np.rint(out), 0, 255).astype(np.uint8)
 
 
