@@ -41,7 +41,7 @@ def starting_conventions(bundle: Path, variant: str | None, encoder_mask: str | 
     ``encoder_mask`` (from the checkpoint's ``action_mode``) is the base the goldens may
     overrule: a fine-tuned policy can record another mask than its base config says."""
     from ..bundle.bundle import Bundle
-    from .conventions import conventions_from_goldens, unverified
+    from ..host.convention_check import conventions_from_goldens, unverified
 
     opened = Bundle.open(bundle, variant)
     base = Conventions(euler_baked_steps=opened.variant.default_flow_steps)
