@@ -20,7 +20,7 @@ help: ## list the targets
 
 $(VENV)/.test-extra: setup.py
 	@echo "== make: install: molmoact2_ros and its test extra into $(VENV), LIBERO included"
-	@echo "   (about 2.8 GB; about 6 min the first time on a busy 2-core machine)"
+	@echo "   (about 2.8 GB; 4-6 min the first time on a busy 2-core machine)"
 	@start=$$(date +%s); \
 	{ test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); } && \
 	$(BIN)/python -m pip install --quiet --upgrade pip && \
