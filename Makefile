@@ -9,14 +9,14 @@ BIN := $(VENV)/bin
 # (libosmesa6); .ci/run installs both on a fresh Debian/Ubuntu machine run as root
 MUJOCO_GL ?= egl
 
-.PHONY: help install bundle demo test lint docs clean
+.PHONY: help install bundle demo test test-quick lint docs clean
 .DEFAULT_GOAL := help
 
 # Each stage prints one "== make:" line, then only what its command prints (pip stays quiet).
 
 help: ## list the targets
 	@echo "make TARGET (everything goes into $(VENV)/ and .cache/; no ROS, NPU or weights needed):"
-	@awk -F':.*## ' '/^[a-z]+:.*## / {printf "  %-9s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk -F':.*## ' '/^[a-z-]+:.*## / {printf "  %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(VENV)/.test-extra: setup.py
 	@echo "== make: install: molmoact2_ros and its test extra into $(VENV), LIBERO included"
@@ -68,7 +68,11 @@ lint: install ## ruff over the repository
 
 test: lint bundle ## lint, then the whole test suite on the tiny bundles (what CI runs)
 	@echo "== make: test: pytest (tests that need ROS 2 skip without it; LIBERO renders with MUJOCO_GL=$(MUJOCO_GL))"
-	@MUJOCO_GL=$(MUJOCO_GL) MOLMOACT2_TINY_BUNDLE=$(abspath $(BUNDLE)) $(BIN)/python -m pytest -q -o faulthandler_timeout=900
+	@MUJOCO_GL=$(MUJOCO_GL) MOLMOACT2_TINY_BUNDLE=$(abspath $(BUNDLE)) $(BIN)/python -m pytest -q -o faulthandler_timeout=900 --durations=15
+
+test-quick: bundle ## the quick subset for inner loops: the files tests/conftest.py marks slow left out
+	@echo "== make: test-quick: pytest -m 'not slow' (make test runs everything)"
+	@MUJOCO_GL=$(MUJOCO_GL) MOLMOACT2_TINY_BUNDLE=$(abspath $(BUNDLE)) $(BIN)/python -m pytest -q -m "not slow" --durations=15
 
 docs: install ## regenerate docs/parameters.md from the parameter table
 	@echo "== make: docs: docs/parameters.md from control/params.py"

@@ -118,3 +118,28 @@ def no_leaks():
             break
         time.sleep(0.05)
     assert not problems, "; ".join(problems)
+
+
+#: left out of ``make test-quick`` (``-m "not slow"``): files that start LIBERO, Ray, the
+#: resident HTP workers or ROS (by name), and files that replay or check whole bundles over
+#: and over; ``make test`` runs everything. Measured with ``--durations`` (CONTRIBUTING.md).
+SLOW_NAME_PARTS = ("libero", "cluster", "htp", "rclpy", "launch")
+SLOW_FILES = frozenset({
+    "test_resident_overlap.py", "test_runtime_faults.py", "test_replay_signals.py",
+    "test_bench.py", "test_closed_loop.py", "test_device_report.py", "test_doctor.py",
+    "test_checks.py", "test_replay.py", "test_bag_corpus.py", "test_seed_workspace.py",
+    "test_state_convention.py", "test_checkpoint_layout.py", "test_export_host.py",
+})
+SLOW_TESTS = frozenset({"test_deterministic_bytes", "test_cli_parity_exit_status"})
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: left out of make test-quick (tests/conftest.py)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = item.path.name
+        if name in SLOW_FILES or any(part in name for part in SLOW_NAME_PARTS) or \
+                item.originalname in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)

@@ -27,3 +27,19 @@ def test_changelog_has_this_release_and_the_deprecation():
 def test_contributing_says_how_to_test_with_and_without_ros():
     text = (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8")
     assert "make test" in text and "colcon build" in text and "docs/architecture.md" in text
+
+
+def test_make_test_names_its_slowest_tests_and_a_quick_subset_exists():
+    """``make test`` prints its 15 slowest tests; ``make test-quick`` leaves out what
+    tests/conftest.py marks slow, and CONTRIBUTING.md names it for inner loops."""
+    import subprocess
+
+    text = (REPO / "Makefile").read_text(encoding="utf-8")
+    recipe = text.split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    assert "--durations=15" in recipe
+    quick = text.split("\ntest-quick:", 1)[1].split("\n\n", 1)[0]
+    assert '-m "not slow"' in quick
+    assert "make test-quick" in (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    out = subprocess.run(["make", "--no-print-directory", "-s", "-n", "test-quick"], cwd=REPO,
+                         capture_output=True, text=True, check=False).stdout
+    assert "not slow" in out
