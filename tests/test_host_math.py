@@ -108,6 +108,12 @@ def test_normalize_instruction():
     two = "Open the drawer. Then close it!"
     assert normalize_instruction(two) == "open the drawer; then close it"
     assert normalize_instruction("The task is to pick up the cup") == "pick up the cup"
+    # the model's own rules (LeRobot's _normalize_question_text), not a tidier reading:
+    # every run of .!? splits, also inside a word; "-" after a prefix; "…" and closers trail
+    assert normalize_instruction("pick up the 3.5 cm block") == "pick up the 3; 5 cm block"
+    assert normalize_instruction("Goal - Open it") == "open it"
+    assert normalize_instruction("language_instruction: wait...go…") == "wait; go"
+    assert normalize_instruction("(stack them!)") == "stack them"
 
 
 def test_timesteps_and_noise():
