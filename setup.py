@@ -38,8 +38,9 @@ setup(
         # table lookup into the arena and the peer preprocessing pipeline in ``molmoact2 bench``;
         # numba: the one-pass torch-exact resize kernel and the fp16 sums where OpenCV has no
         # float16 arithmetic (wheels for x86_64 and aarch64, Python 3.10-3.13, numpy 1.22-2.5
-        # across its releases)
-        "fast": ["opencv-python-headless>=4.10,<6", "numba>=0.59,<1"],
+        # across its releases). OpenCV stays below 5: ROS's cv_bridge maps Mat types with
+        # OpenCV 4's codes (5 renumbered them: CV_8UC3 is 16 in 4.x, 64 in 5.x)
+        "fast": ["opencv-python-headless>=4.10,<5", "numba>=0.59,<1"],
         # ``--ray``: fan replay bags and LIBERO episodes out over a Ray cluster (ray core pins
         # no numpy; wheels for x86_64 and aarch64, Python 3.10-3.13)
         "cluster": ["ray>=2.9,<3"],
@@ -50,8 +51,11 @@ setup(
         # apt install libegl1 libegl-mesa0 libgl1-mesa-dri (MUJOCO_GL=egl) or libosmesa6
         # (MUJOCO_GL=osmesa)
         "sim": SIM,
+        # the suite, and under a sourced ROS 2 its rclpy and launch tests too: ROS's launch
+        # modules import lark and psutil; pytest 9.1 refuses launch_testing's pytest plugin
+        # (its pytest_pycollect_makemodule hook takes the removed ``path`` argument)
         "test": [
-            "opencv-python-headless>=4.10,<6",
+            "opencv-python-headless>=4.10,<5",
             "numba>=0.59,<1",
             "onnxruntime>=1.17",
             "onnx>=1.15",
@@ -59,7 +63,9 @@ setup(
             "safetensors>=0.4",
             "matplotlib>=3.5",
             "ray>=2.9,<3",
-            "pytest>=7",
+            "pytest>=7,<9.1",
+            "lark>=1.1,<2",
+            "psutil>=5.9",
             "ruff>=0.4",
             *SIM,
         ],

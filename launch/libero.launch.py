@@ -80,6 +80,12 @@ def _arguments():
         DeclareLaunchArgument("active_timeout_s", default_value="300.0",
                               description="the sim gives up when the policy node is not "
                               "active by then"),
+        DeclareLaunchArgument("chunk_timeout_s", default_value="120.0",
+                              description="how long the sim waits for an observation's chunk "
+                              "before it counts a chunk_timeout drop"),
+        DeclareLaunchArgument("republish_s", default_value="10.0",
+                              description="the sim publishes the images again after this long "
+                              "without their chunk (sensor-data QoS may lose one)"),
         DeclareLaunchArgument("policy_node", default_value=NODE_NAME,
                               description="the policy node's name, with its namespace if any "
                               "(e.g. robot/molmoact2_policy when it runs elsewhere)"),
@@ -112,6 +118,8 @@ def _launch(context):
             "video": arg("video"), "seed": int(arg("seed")),
             "protocol": arg("protocol"), "render_size": int(arg("render_size")),
             "policy_node": policy_node, "active_timeout_s": float(arg("active_timeout_s")),
+            "chunk_timeout_s": float(arg("chunk_timeout_s")),
+            "republish_s": float(arg("republish_s")),
             "compressed_images": compressed, "compressed_format": arg("compressed_format"),
         }],
         output="screen", emulate_tty=True)

@@ -5,6 +5,8 @@ lifecycle node to report ``active``, and polling for a condition."""
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +33,15 @@ def tiny_bundle(prefix: str = "molmoact2-launch-") -> str:
     out = Path(tempfile.mkdtemp(prefix=prefix))
     write_tiny_bundles(out)
     return str(out)
+
+
+def ros2_command(*args: str) -> list[str]:
+    """``ros2 ARGS`` run by this interpreter (the project's venv under ``make test``): the
+    ``ros2`` script's own interpreter may lack what the launch files import."""
+    ros2 = shutil.which("ros2")
+    if ros2 is None:
+        raise RuntimeError("no ros2 command on PATH: source the ROS 2 setup.bash")
+    return [sys.executable, ros2, *args]
 
 
 def wait_for(predicate, timeout: float = 30.0) -> bool:

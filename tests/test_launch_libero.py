@@ -2,8 +2,10 @@
 node and the policy node (use_sim_time) run short episodes of one task, and the launch exits 0
 with them in the ledger (skipped without ROS or LIBERO).
 
-- lockstep, two episodes across the sim-time reset between them, with the policy node's
-  ``/diagnostics`` never worse than OK and never reporting a stalled output;
+- lockstep, two episodes across the sim-time reset between them, with a short chunk timeout:
+  every chunk carries the stamp of the observation the sim sent (none paired with the state of
+  the step before), none times out, the policy node's ``/diagnostics`` are never worse than OK
+  nor report a stalled output, and ``molmoact2 libero`` runs the same chunks and rows;
 - latency mode with a fixed ``latency_ms``, realtime mode, and compressed camera images;
 - a policy node that never comes up: the sim gives up with one line saying what to do.
 
@@ -16,9 +18,11 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from launch_helpers import ros2_command
 
 pytest.importorskip("rclpy")
 pytest.importorskip("molmoact2_ros.msg", reason="build with colcon and source install/setup.bash")
@@ -27,13 +31,17 @@ if shutil.which("ros2") is None:
     pytest.skip("no ros2 command on PATH", allow_module_level=True)
 
 STEPS = 12
+#: the lockstep test's steps: two observations an episode (every row of a chunk runs)
+LOCKSTEP_STEPS = 20
 
 
-def _launch(tiny_root, out: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+def _launch(tiny_root, out: Path, *args: str, timeout: float = 900,
+            steps: int = STEPS) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["ros2", "launch", "molmoact2_ros", "libero.launch.py", "suite:=libero_spatial",
-         "tasks:=0", f"max_steps:={STEPS}", "settle_steps:=5", "video:=none", "render_size:=64",
-         f"bundle_root:={tiny_root}", "backend:=onnx", f"out:={out}", *args],
+        ros2_command("launch", "molmoact2_ros", "libero.launch.py", "suite:=libero_spatial",
+                     "tasks:=0", f"max_steps:={steps}", "settle_steps:=5", "video:=none",
+                     "render_size:=64", f"bundle_root:={tiny_root}", "backend:=onnx",
+                     f"out:={out}", *args),
         capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
 
 
@@ -45,15 +53,19 @@ def _records(out: Path) -> list[dict]:
 
 def test_libero_launch_runs_two_episodes_across_the_reset_and_exits_0(tiny_root, tmp_path):
     out = tmp_path / "results"
-    run = _launch(tiny_root, out, "episodes:=2", "time_mode:=lockstep")
+    # a chunk stamped one step early (images paired with the step before's state) was dropped
+    # by the sim, which then waited for its republish: a timeout shorter than that shows it
+    run = _launch(tiny_root, out, "episodes:=2", "time_mode:=lockstep", "chunk_timeout_s:=8.0",
+                  "republish_s:=2.0", steps=LOCKSTEP_STEPS)
     text = run.stdout + run.stderr
     assert run.returncode == 0, text[-4000:]
     records = _records(out)
     assert [r["key"] for r in records] == ["libero_spatial/0/0", "libero_spatial/0/1"]
     for r in records:  # output never stalled: each episode got its chunks, none timed out
-        assert r["status"] == "ok" and r["steps"] == STEPS, r
-        assert r["chunks"] >= 2 and "chunk_timeout" not in r["drops"], r
-        assert r["rows_executed"] == STEPS, r
+        assert r["status"] == "ok" and r["steps"] == LOCKSTEP_STEPS, r
+        assert "chunk_timeout" not in r["drops"] and "chunk_wrong_stamp" not in r["drops"], r
+        assert r["chunks"] >= 2 and r["rows_executed"] == LOCKSTEP_STEPS, r
+        assert r["largest_command_change"] > 0.0, r
         # the policy node's own watchdog agrees, from the reset before each episode to its end
         status = r["policy_diagnostics"]
         assert status["statuses"] >= 1 and status["worst"] == "OK", status
@@ -62,6 +74,19 @@ def test_libero_launch_runs_two_episodes_across_the_reset_and_exits_0(tiny_root,
     assert summary["policy_diagnostics"]["worst"] == "OK", summary["policy_diagnostics"]
     assert summary["policy_diagnostics"]["stalls"] == 0
     assert "(LeRobot fine-tune)) 98.4%" in text and "protocol: published" in text
+    # the same episodes in-process: the same chunks, rows and zero-command steps
+    cli_out = tmp_path / "cli"
+    cli = subprocess.run(
+        [sys.executable, "-m", "molmoact2_ros.cli", "libero", "--suite", "libero_spatial",
+         "--tasks", "0", "--episodes", "2", "--max-steps", str(LOCKSTEP_STEPS),
+         "--settle-steps", "5", "--render-size", "64", "--video", "none",
+         "--bundle-root", str(tiny_root), "--backend", "onnx", "--out", str(cli_out),
+         "--no-progress"],
+        capture_output=True, text=True, timeout=900)
+    assert cli.returncode == 0, (cli.stdout + cli.stderr)[-4000:]
+    fields = ("key", "steps", "chunks", "rows_executed", "rows_skipped", "idle_steps")
+    assert [{f: r[f] for f in fields} for r in records] == [
+        {f: r[f] for f in fields} for r in _records(cli_out)]
 
 
 @pytest.mark.parametrize("args", [

@@ -16,13 +16,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from launch_helpers import ros2_command
 
 pytest.importorskip("rclpy")
 pytest.importorskip("molmoact2_ros.msg", reason="build with colcon and source install/setup.bash")
 pytest.importorskip("rosbags")
 if shutil.which("ros2") is None:
     pytest.skip("no ros2 command on PATH", allow_module_level=True)
-if subprocess.run(["ros2", "bag", "--help"], capture_output=True, timeout=60).returncode != 0:
+if subprocess.run(ros2_command("bag", "--help"), capture_output=True,
+                  timeout=60).returncode != 0:
     pytest.skip("ros2 bag is not installed", allow_module_level=True)
 
 VARIANT = "lp_vtp_sd"
@@ -51,9 +53,9 @@ def _bags(root: Path, work: Path) -> tuple[Path, Path, Path]:
 
 def _launch(bag: Path, golden: Path, root: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["ros2", "launch", "molmoact2_ros", "replay.launch.py", f"bag:={bag}",
-         f"golden:={golden}", f"bundle_root:={root}", "backend:=onnx", "rate:=0.5",
-         "idle_timeout_s:=20.0"],
+        ros2_command("launch", "molmoact2_ros", "replay.launch.py", f"bag:={bag}",
+                     f"golden:={golden}", f"bundle_root:={root}", "backend:=onnx", "rate:=0.5",
+                     "idle_timeout_s:=20.0"),
         capture_output=True, text=True, timeout=400, env=dict(os.environ))
 
 

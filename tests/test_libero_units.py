@@ -67,6 +67,25 @@ def test_receipt_start_between_steps_plays_each_row_once_in_order():
     assert all(e.step_start_ns >= start for e in ex.log if e.sequence)
 
 
+def test_largest_command_change_is_the_pose_jump_between_steps_and_resets_per_episode():
+    ex = ChunkExecutor(P)
+    first = _pub(1, 0, 0)  # x: 0 1 2 3, every other dim 1 (the gripper too)
+    ex.accept(first, 0)
+    second = _pub(5, 3 * P, 3 * P)  # from step 3: x 0 1 2 3, y..yaw 5, the gripper -10
+    second.actions[:, 6] = -10.0
+    ex.accept(second, 3 * P)
+    commands = [ex.command(k * P) for k in range(5)]
+    assert [c[1] for c in commands] == [1, 1, 1, 5, 5] and commands[3][6] == -10.0
+    # x steps by 1 and falls 2 -> 0 at the switch, y..yaw jump 1 -> 5; the gripper's 11 is no
+    # pose jump
+    assert ex.largest_command_change == 4.0
+    ex.reset()
+    assert ex.largest_command_change == 0.0
+    ex.accept(_pub(2, 10 * P, 10 * P), 10 * P)
+    ex.command(10 * P)  # the first command of an episode has nothing to change from
+    assert ex.largest_command_change == 0.0
+
+
 def test_wilson_interval_matches_published_values():
     # Wilson (1927) / Newcombe (1998) table: 0/1, 1/1 and 49/50 (z = 1.96)
     assert wilson(0, 1) == pytest.approx((0.0, 0.7935), abs=1e-4)

@@ -2,6 +2,12 @@
 
 One implementation serves the node and rosbag replay, so replay pairs observations exactly
 as the robot does. Stamps are integer nanoseconds.
+
+An observation is the two cameras and the robot state (``OBSERVATION_STREAMS``). Its state is
+never older than its earliest image: a state from the control step before would be within the
+slop of the images (the slop is one 50 ms step) whenever the images are handled before their
+step's state, and the chunk would then be computed from a stale state and stamped one step
+early. The observation's stamp is its earliest image's (``observation_stamp_ns``).
 """
 
 from __future__ import annotations
@@ -11,6 +17,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+#: the synchronised streams of an observation: primary camera, wrist camera, robot state
+IMAGE_STREAMS = (0, 1)
+STATE_STREAM = 2
+OBSERVATION_STREAMS = 3
 
 
 @dataclass(frozen=True)
@@ -27,7 +38,9 @@ class ApproxTimeSync:
 
     On each arrival the newest message is matched with the closest-in-time message of every
     other stream; a match is emitted once, and everything up to it is consumed, so a message
-    is used at most once and output stamps never go backwards.
+    is used at most once and output stamps never go backwards. A stream in ``not_older``
+    only pairs messages stamped at or after the earliest of the other streams' (a robot state
+    is never older than the images it goes with); until one arrives, nothing is emitted.
     """
 
     def __init__(
@@ -36,10 +49,15 @@ class ApproxTimeSync:
         slop_ns: int,
         queue_size: int,
         callback: Callable[[Sequence[Stamped]], None],
+        *,
+        not_older: Sequence[int] = (),
     ) -> None:
         if num_streams < 1 or queue_size < 1 or slop_ns < 0:
             raise ValueError("need num_streams >= 1, queue_size >= 1, slop_ns >= 0")
+        if any(not 0 <= s < num_streams for s in not_older) or len(set(not_older)) >= num_streams:
+            raise ValueError("not_older names streams, and not all of them")
         self.slop_ns = slop_ns
+        self._not_older = frozenset(not_older)
         self._queues: list[deque[Stamped]] = [deque(maxlen=queue_size) for _ in range(num_streams)]
         self._callback = callback
         self._lock = threading.Lock()
@@ -73,16 +91,42 @@ class ApproxTimeSync:
             self._last_emitted_ns = -1
 
     def _match(self, item: Stamped) -> list[Stamped] | None:
-        chosen: list[Stamped] = []
-        for stream, q in enumerate(self._queues):
-            if stream == item.stream:
-                chosen.append(item)
+        chosen: list[Stamped | None] = [None] * len(self._queues)
+        for stream, q in enumerate(self._queues):  # the leading streams first
+            if stream in self._not_older:
                 continue
-            if not q:
+            if stream == item.stream:
+                chosen[stream] = item
+            elif not q:
                 return None
-            chosen.append(min(q, key=lambda m: abs(m.stamp_ns - item.stamp_ns)))
+            else:
+                chosen[stream] = min(q, key=lambda m: abs(m.stamp_ns - item.stamp_ns))
+        earliest = min(m.stamp_ns for m in chosen if m is not None)
+        for stream in self._not_older:
+            if stream == item.stream:
+                candidates = [item]
+            else:
+                candidates = list(self._queues[stream])
+            candidates = [m for m in candidates if m.stamp_ns >= earliest]
+            if not candidates:
+                return None
+            chosen[stream] = min(candidates, key=lambda m: abs(m.stamp_ns - item.stamp_ns))
         stamps = [m.stamp_ns for m in chosen]
         return chosen if max(stamps) - min(stamps) <= self.slop_ns else None
+
+
+def observation_sync(slop_s: float, queue_size: int,
+                     callback: Callable[[Sequence[Stamped]], None]) -> ApproxTimeSync:
+    """The synchroniser of the node and of replay: both cameras and a state not older than
+    them (``sync.slop_s``, ``sync.queue_size``)."""
+    return ApproxTimeSync(OBSERVATION_STREAMS, int(round(slop_s * 1e9)), queue_size, callback,
+                          not_older=(STATE_STREAM,))
+
+
+def observation_stamp_ns(items: Sequence[Stamped]) -> int:
+    """The stamp of a synchronised observation: its earliest image's (the state is not older,
+    so it is the time the observation shows; the chunk carries it)."""
+    return min(items[i].stamp_ns for i in IMAGE_STREAMS)
 
 
 class NewestSlot:

@@ -20,7 +20,7 @@ from ..control.controller import (
     load_policy,
 )
 from ..control.params import Settings
-from ..control.sync import ApproxTimeSync
+from ..control.sync import observation_stamp_ns, observation_sync
 from ..control.topics import input_topics, input_types
 from ..errors import BagError, MolmoActError
 from ..host.image_header import check_image_side
@@ -104,8 +104,7 @@ def replay(
     controller = Controller(settings, publish=result.published.append,
                             policy_factory=policy_factory, clock_ns=lambda: now["ns"])
     pending: list = []
-    sync = ApproxTimeSync(3, int(settings["sync.slop_s"] * 1e9), settings["sync.queue_size"],
-                          pending.append)
+    sync = observation_sync(settings["sync.slop_s"], settings["sync.queue_size"], pending.append)
     controller.attach_sync(sync)
     wanted = {t: i for i, t in enumerate(topics)}
     handler = _FirstMessages()
@@ -158,7 +157,7 @@ def _feed(controller: Controller, settings: Settings, items, result: ReplayResul
         controller.on_invalid(type(exc).__name__)
         return
     result.states.append(state)
-    controller.on_observation(images, state, min(i.stamp_ns for i in items))
+    controller.on_observation(images, state, observation_stamp_ns(items))
 
 
 def encode_image(img: np.ndarray, fmt: str) -> bytes:

@@ -41,7 +41,7 @@ from ..control.controller import (
 )
 from ..control.params import PARAMS, PARAMS_BY_NAME, Settings
 from ..control.stamps import CLOCK_JUMP_BACK_S, CLOCK_JUMP_FORWARD_S
-from ..control.sync import ApproxTimeSync
+from ..control.sync import ApproxTimeSync, observation_stamp_ns, observation_sync
 from ..control.topics import subscription_topics
 from ..errors import MolmoActError
 from ..host.image_header import check_image_area
@@ -208,8 +208,7 @@ class PolicyNode(Node):
     # -- inputs ----------------------------------------------------------------------------------
     def _start_inputs(self) -> None:
         s = self.controller.settings
-        self._sync = ApproxTimeSync(3, int(s["sync.slop_s"] * 1e9), s["sync.queue_size"],
-                                    self._on_synced)
+        self._sync = observation_sync(s["sync.slop_s"], s["sync.queue_size"], self._on_synced)
         self.controller.attach_sync(self._sync)
         image_type = CompressedImage if s["compressed_images"] else Image
         topics = subscription_topics(s)  # the same names replay resolves
@@ -251,7 +250,7 @@ class PolicyNode(Node):
             self.controller.on_invalid(type(exc).__name__)
             self.get_logger().warn(f"observation skipped: {exc}", throttle_duration_sec=2.0)
             return
-        self.controller.on_observation(images, state, min(i.stamp_ns for i in items))
+        self.controller.on_observation(images, state, observation_stamp_ns(items))
 
     def _to_rgb(self, msg) -> np.ndarray:
         max_side = self.controller.settings["max_image_side_px"]

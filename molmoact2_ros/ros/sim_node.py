@@ -128,6 +128,7 @@ class LiberoSimNode(rclpy.node.Node):
         self._get_state = self.create_client(GetState, f"{policy}/get_state")
         self.policy_name = policy
         self.now_ns = 0
+        self._asked: set[int] = set()  # the stamps of the running episode's observations
         self.status = 0
         self.done = threading.Event()
         self._stop = threading.Event()
@@ -343,6 +344,7 @@ class LiberoSimNode(rclpy.node.Node):
         mode = p["time_mode"]
         latency_est_ns = 0
         waiting_for: int | None = None  # stamp of the observation a chunk is awaited for
+        self._asked = set()
         env_s = 0.0
         wall_start = time.monotonic()
         loop0 = time.perf_counter()
@@ -354,13 +356,15 @@ class LiberoSimNode(rclpy.node.Node):
                     if lag > 0:
                         time.sleep(lag)
                 self._publish_clock(now)
-                self._publish_joints(obs, now)
                 wants = (mode == "realtime" or waiting_for is None and
                          executor.busy_until_ns() - now <= latency_est_ns
                          + int(p["overlap_s"] * 1e9))
-                if wants:
+                if wants:  # the images before their state: the order that finds a policy
+                    # node pairing them with the state of the step before
+                    self._asked.add(now)
                     self._publish_images(obs, now)
                     waiting_for = now if mode != "realtime" else None
+                self._publish_joints(obs, now)
                 if waiting_for is not None:  # sim (and policy) time stand still meanwhile
                     got = self._await_chunk(waiting_for, executor, rec,
                                             lambda o=obs, t=now: self._publish_images(o, t))
@@ -392,6 +396,7 @@ class LiberoSimNode(rclpy.node.Node):
         rec.sim_time_s = round((sim.settle_steps + rec.steps) * self.period_ns / 1e9, 6)
         rec.rows_executed, rec.rows_skipped = executor.rows_executed, executor.rows_skipped
         rec.idle_steps = executor.idle_steps
+        rec.largest_command_change = round(executor.largest_command_change, 6)
         rec.clipped_steps, rec.clipped_values = sim.clipped_steps, sim.clipped_values
         rec.timing.env_step_ms = round(env_s / max(rec.steps, 1) * 1e3, 3)
         rec.timing.sim_steps_per_s = round(rec.steps / loop_s, 3) if loop_s > 0 else 0.0
@@ -419,8 +424,9 @@ class LiberoSimNode(rclpy.node.Node):
             except queue.Empty:
                 continue
             obs_stamp, start, seq, actions, _, received, kind = item
-            if obs_stamp != stamp:
-                continue  # a chunk of an older observation (or the last episode)
+            if obs_stamp != stamp:  # a late chunk of an older observation, or a wrong stamp
+                self._count_wrong_stamp(obs_stamp, rec)
+                continue
             wall_ns = int((received - sent) * 1e9)
             latency = 0
             if self.p["time_mode"] == "latency":
@@ -433,12 +439,21 @@ class LiberoSimNode(rclpy.node.Node):
             return latency
         return None
 
+    def _count_wrong_stamp(self, obs_stamp: int, rec: EpisodeRecord) -> None:
+        """A chunk stamped with no observation this episode sent: the policy node paired the
+        images with another state, or stamped them wrongly (a ``chunk_wrong_stamp`` drop)."""
+        if obs_stamp not in self._asked:
+            rec.drops["chunk_wrong_stamp"] = rec.drops.get("chunk_wrong_stamp", 0) + 1
+            self.get_logger().warn(f"a chunk stamped {obs_stamp} ns answers no observation "
+                                   "this episode sent", throttle_duration_sec=5.0)
+
     def _take_chunks(self, executor: ChunkExecutor, now: int, rec: EpisodeRecord) -> None:
         """realtime: chunks that arrived meanwhile run from now on."""
         if self.p["time_mode"] != "realtime":
             return
         while not self._chunks.empty():
             obs_stamp, start, seq, actions, latency, _, kind = self._chunks.get_nowait()
+            self._count_wrong_stamp(obs_stamp, rec)
             executor.accept(Published(None, actions, seq, None, None, obs_stamp, now, start,
                                       start, 0, action_type=kind), now)
             rec.chunks += 1

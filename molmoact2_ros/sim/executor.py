@@ -7,7 +7,8 @@ time in sim time); rows due before then are skipped, and a newer chunk replaces 
 older one. After a chunk's last row the command is what the node's execution code says
 (``Executing.rows_at``): for delta rows (LIBERO's end-effector steps) zero in the integrated
 dims and the gripper held; for absolute rows the last row held. Before the first chunk of an
-episode it is zero.
+episode it is zero. The executor also keeps the largest step-to-step change of the pose command,
+for the ledgers of both loops (``molmoact2 libero`` and the ROS sim node).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from ..control.chunk_io import Published, delta_mask
 from ..control.execution import Executing
 
 ACTION_DIM = 7
+#: the pose dims of a command (x y z roll pitch yaw); the gripper's open/close is no jump
+POSE_DIMS = 6
 
 
 @dataclass
@@ -52,17 +55,23 @@ class ChunkExecutor:
     rows_skipped: int = 0
     idle_steps: int = 0
     chunks_superseded: int = 0
+    #: largest change of the pose dims from one command to the next since the last ``reset``,
+    #: in the action's units: the jump a switch of chunks gives the robot
+    largest_command_change: float = 0.0
     _next_row: int = 0
+    _previous: np.ndarray | None = None
 
     def accept(self, published: Published, available_ns: int) -> None:
         """A chunk that becomes executable at ``available_ns`` (its ready time)."""
         self.pending.append(_Pending(published, int(available_ns)))
 
     def reset(self) -> None:
-        """Forget every chunk (a new episode)."""
+        """Forget every chunk and the last command (a new episode)."""
         self.current = None
         self.pending.clear()
         self._next_row = 0
+        self._previous = None
+        self.largest_command_change = 0.0
 
     def _finish_current(self) -> None:
         if self.current is not None:
@@ -73,7 +82,14 @@ class ChunkExecutor:
 
     def command(self, step_start_ns: int) -> np.ndarray:
         """The command for the control step starting at ``step_start_ns``."""
-        t = int(step_start_ns)
+        action = self._command(int(step_start_ns))
+        if self._previous is not None:
+            change = float(np.max(np.abs(action[:POSE_DIMS] - self._previous[:POSE_DIMS])))
+            self.largest_command_change = max(self.largest_command_change, change)
+        self._previous = action.copy()
+        return action
+
+    def _command(self, t: int) -> np.ndarray:
         while self.pending and self.pending[0].available_ns <= t:
             self._finish_current()
             self.current = self.pending.pop(0).published

@@ -28,8 +28,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..control.chunk_io import PolicyFactory, load_policy
 from ..control.controller import Controller, Published
 from ..control.params import Settings
@@ -315,7 +313,6 @@ class EpisodeRunner:
         video = self._video(spec, info.language)
         env_s = over_s = video_s = infer_s = 0.0
         in_flight_until = 0
-        previous = None
         loop0 = time.perf_counter()
         try:
             if video is not None:
@@ -345,10 +342,6 @@ class EpisodeRunner:
                 if k % DIAGNOSTICS_STEPS == DIAGNOSTICS_STEPS - 1:
                     self._sample(status)
                 action = self.executor.command(now)
-                if previous is not None:
-                    change = float(np.max(np.abs(action[:6] - previous[:6])))
-                    rec.largest_command_change = round(max(rec.largest_command_change, change), 6)
-                previous = action
                 obs = self.sim.step(action)
                 env = self.sim.last_env_step_s  # the bare env.step: the rest is our overhead
                 vs = 0.0
@@ -382,6 +375,7 @@ class EpisodeRunner:
         rec.rows_executed = self.executor.rows_executed - executed_before
         rec.rows_skipped = self.executor.rows_skipped - skipped_before
         rec.idle_steps = self.executor.idle_steps - idle_before
+        rec.largest_command_change = round(self.executor.largest_command_change, 6)
         rec.clipped_steps, rec.clipped_values = self.sim.clipped_steps, self.sim.clipped_values
         rec.drops = {k: v - drops_before.get(k, 0) for k, v in self.controller.drops.items()
                      if v - drops_before.get(k, 0)}

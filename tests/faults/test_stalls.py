@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from molmoact2_ros.control.controller import STALL_PERIODS
-from molmoact2_ros.control.sync import ApproxTimeSync
+from molmoact2_ros.control.sync import observation_stamp_ns, observation_sync
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 SECOND = 1_000_000_000
@@ -17,10 +17,8 @@ GARBAGE_NS = 2**63 - 1
 def _synced_rig(rig):
     """The rig's controller fed through a synchroniser, as the node and replay feed it."""
     ctl = rig.start()
-    sync = ApproxTimeSync(3, SECOND // 20, 10,
-                          lambda items: ctl.on_observation(
-                              [i.msg for i in items[:2]], items[2].msg,
-                              min(i.stamp_ns for i in items)))
+    sync = observation_sync(0.05, 10, lambda items: ctl.on_observation(
+        [i.msg for i in items[:2]], items[2].msg, observation_stamp_ns(items)))
     ctl.attach_sync(sync)
     return ctl, sync
 
