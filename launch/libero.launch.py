@@ -117,6 +117,7 @@ def _launch(context):
             "out": os.path.abspath(arg("out")) if arg("out").strip() else "",
             "video": arg("video"), "seed": int(arg("seed")),
             "protocol": arg("protocol"), "render_size": int(arg("render_size")),
+            "variant": arg("variant"), "bundle_root": arg("bundle_root"),
             "policy_node": policy_node, "active_timeout_s": float(arg("active_timeout_s")),
             "chunk_timeout_s": float(arg("chunk_timeout_s")),
             "republish_s": float(arg("republish_s")),

@@ -201,3 +201,62 @@ def test_summary_reports_the_worst_policy_status_and_old_ledgers_have_none():
 
     assert "| policy status, worst over episodes | WARN (6 statuses, 0 stalled) in " \
         "libero_goal/0/1: no instruction |" in markdown(s)
+
+
+class _Pipe:
+    """A stream that is not a terminal (a pipe or a log), collecting lines thread-safely."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.text = ""
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, s: str) -> int:
+        with self.lock:
+            self.text += s
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def lines(self) -> list[str]:
+        with self.lock:
+            return self.text.splitlines()
+
+
+def test_progress_on_a_pipe_names_each_phase_then_every_n_steps_and_never_goes_quiet():
+    import time
+    from types import SimpleNamespace
+
+    from molmoact2_ros.cli.libero_progress import EpisodeProgress
+
+    pipe = _Pipe()
+    progress = EpisodeProgress(stream=pipe, every_steps=5, heartbeat_s=0.5)
+    try:
+        progress.phase("loading LIBERO and the suite's tasks")
+        assert pipe.lines() == ["libero: loading LIBERO and the suite's tasks (0 s)"]
+        spec = SimpleNamespace(key="libero_goal/0/0")
+        progress.start(2, 0)
+        progress.begin(spec)
+        for phase in ("build", "reset", "settle", "run"):
+            progress.episode_phase(spec, phase)
+        assert [ln.split(": ", 1)[1].rsplit(" (", 1)[0] for ln in pipe.lines()[1:]] == [
+            "building the env", "resetting to the init state", "settling", "running"]
+        rec = SimpleNamespace(max_steps=20, chunks=1)
+        for k in range(1, 11):
+            progress.step(spec, SimpleNamespace(step=k), rec)
+        steps = [ln for ln in pipe.lines() if "step " in ln]
+        assert [ln.split(": ", 1)[1].split(",")[0] for ln in steps] == ["step 5/20",
+                                                                        "step 10/20"]
+        # a long wait (an env build, a slow chunk): a line still comes
+        deadline = time.monotonic() + 60
+        while not any("still" in ln for ln in pipe.lines()):
+            assert time.monotonic() < deadline, pipe.lines()
+            time.sleep(0.05)
+        assert "libero [1/2] libero_goal/0/0: step 10/20, chunk 1" in pipe.lines()[-1]
+    finally:
+        progress.close()

@@ -28,20 +28,6 @@ SET_ELSEWHERE = {"instruction": "each task sets its own instruction",
                  "control_period_s": "LIBERO steps at 20 Hz"}
 
 
-def _synthetic(bundle_root: str, variant: str) -> bool:
-    """Whether the variant's bundle says it holds random weights (``bundle.json`` synthetic)."""
-    from ..bundle.bundle import resolve_bundle
-    from ..bundle.schema import check_manifest, read_json_object
-    from ..bundle.variants import VARIANTS as NAMES
-
-    _, folder = resolve_bundle(bundle_root, variant)
-    manifest = folder / "bundle.json"
-    if not manifest.is_file():
-        return False
-    data = check_manifest(manifest, read_json_object(manifest, "bundle.json"), tuple(NAMES))
-    return bool(data.get("synthetic"))
-
-
 def check_options(args: argparse.Namespace) -> None:
     """Options that would be ignored or misplaced are refused, each naming itself."""
     if args.latency_ms is not None and args.time_mode != "latency":
@@ -68,6 +54,7 @@ def run_settings(args: argparse.Namespace, suite_steps: int | None = None) -> tu
     bundle holds random weights."""
     from ..bundle.bundle import bundle_parameters
     from ..control.params import Settings, validate_changes
+    from ..sim.evaluation import synthetic_bundle
     from ..sim.protocol import EXECUTION, RENDER_PX, deviations, execution_changes, max_steps_of
 
     sets = parse_set(args.set or [])
@@ -85,7 +72,7 @@ def run_settings(args: argparse.Namespace, suite_steps: int | None = None) -> tu
            "image_rotation": args.image_rotation, "seed": args.seed,
            "set": sorted(args.set or [])}
     run["deviations"] = deviations(run, steps, execution_changes(settings))
-    run["synthetic_bundle"] = _synthetic(args.bundle_root, args.variant)
+    run["synthetic_bundle"] = synthetic_bundle(args.bundle_root, args.variant)
     return settings, run
 
 

@@ -48,7 +48,7 @@ from ..control.chunk_io import Published
 from ..control.params import PARAMS_BY_NAME
 from ..control.topics import image_topic
 from ..errors import MolmoActError
-from ..sim.evaluation import check_out, finish_run, parse_tasks, plan
+from ..sim.evaluation import check_out, finish_run, parse_tasks, plan, synthetic_bundle
 from ..sim.executor import ChunkExecutor
 from ..sim.ledger import Ledger
 from ..sim.libero_env import DEFAULT_SETTLE_STEPS, LiberoSim, suite_tasks
@@ -78,7 +78,8 @@ class LiberoSimNode(rclpy.node.Node):
             ("max_steps", 0), ("settle_steps", DEFAULT_SETTLE_STEPS), ("image_rotation", "180"),
             ("time_mode", "lockstep"), ("latency_ms", 0.0), ("out", "libero_results"),
             ("video", "all"), ("seed", RUN_SEED), ("policy_node", NODE_NAME),
-            ("protocol", "published"), ("render_size", 0),
+            ("protocol", "published"), ("render_size", 0), ("variant", "grid_sampler"),
+            ("bundle_root", ""),
             ("active_timeout_s", 300.0), ("chunk_timeout_s", 120.0), ("republish_s", 10.0),
             ("overlap_s", -1.0), ("frame_id", "libero"),
             ("compressed_images", False), ("compressed_format", "jpeg"),
@@ -264,7 +265,7 @@ class LiberoSimNode(rclpy.node.Node):
 
     def _run(self) -> int:
         p = self.p
-        out = check_out(p["out"], {}, option="out")
+        out = check_out(p["out"], {"the bundle": p["bundle_root"]}, option="out")
         infos = suite_tasks(p["suite"])
         tasks = parse_tasks(p["tasks"] or None, len(infos), p["suite"], option="tasks")
         specs = plan(p["suite"], tasks, int(p["episodes"]), int(p["first_init"]), infos)
@@ -273,7 +274,10 @@ class LiberoSimNode(rclpy.node.Node):
                "latency_ms": p["latency_ms"], "max_steps": int(p["max_steps"]) or steps,
                "render_px": int(p["render_size"]) or RENDER_PX,
                "settle_steps": p["settle_steps"], "image_rotation": p["image_rotation"],
-               "seed": p["seed"], "via": "ros"}
+               "seed": p["seed"], "variant": p["variant"], "via": "ros",
+               # the policy node's bundle, when this launch knows it (else: not known here)
+               "synthetic_bundle": bool(p["bundle_root"]) and synthetic_bundle(
+                   p["bundle_root"], p["variant"])}
         published = EXECUTION["published"]["execution.overlap_s"]
         run["deviations"] = deviations(run, steps, {} if p["overlap_s"] == published else
                                        {"execution.overlap_s": p["overlap_s"]})

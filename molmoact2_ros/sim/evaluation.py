@@ -47,8 +47,9 @@ def check_out(text: str | Path, inputs: dict[str, str | Path], option: str = "--
     """The results folder, refused (naming ``option``) when it is blank, a file, inside an
     input (``inputs``: what it is -> its path), or a folder holding files this command did not
     write: it is new, empty, or holds this command's ledger."""
+    from ..util.outputs import MARKER
     from .ledger import LEDGER
-    from .summary import SUMMARY_FILES, written_here
+    from .summary import check_summary_files
 
     if not str(text).strip():
         raise MolmoActError(f"{option} is empty; give a results folder, e.g. {option} "
@@ -68,20 +69,32 @@ def check_out(text: str | Path, inputs: dict[str, str | Path], option: str = "--
                                 "go into an input: choose a folder outside it")
     if not out.is_dir():
         return out
-    names = sorted(n for n in os.listdir(out) if n != f".{LEDGER}.new")
+    names = sorted(n for n in os.listdir(out) if n not in (f".{LEDGER}.new", MARKER))
     if names and LEDGER not in names:
         shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
         raise MolmoActError(f"{option} {out} holds files this command did not write ({shown}) "
                             "and no ledger of it; choose a new or empty folder")
-    for name in SUMMARY_FILES:
-        if not written_here(out / name):
-            raise MolmoActError(f"{option}: {out / name} was not written by molmoact2 libero; "
-                                "it is left as it is: move it or choose a new folder")
+    check_summary_files(out, option)
     videos = out / "videos"
     if videos.is_symlink() or (videos.exists() and not videos.is_dir()):
         raise MolmoActError(f"{option}: {videos} is not a folder of this command's videos; "
                             "move it or choose a new folder")
     return out
+
+
+def synthetic_bundle(bundle_root: str | Path, variant: str) -> bool:
+    """Whether the variant's bundle says it holds random weights (``bundle.json``
+    ``synthetic``: a test bundle, whose success rate is 0% by design)."""
+    from ..bundle.bundle import resolve_bundle
+    from ..bundle.schema import check_manifest, read_json_object
+    from ..bundle.variants import VARIANTS
+
+    _, folder = resolve_bundle(bundle_root, variant)
+    manifest = folder / "bundle.json"
+    if not manifest.is_file():
+        return False
+    data = check_manifest(manifest, read_json_object(manifest, "bundle.json"), tuple(VARIANTS))
+    return bool(data.get("synthetic"))
 
 
 def plan(suite: str, tasks: list[int], episodes: int, first_init: int, infos) -> list:

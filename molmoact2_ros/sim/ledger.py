@@ -23,6 +23,7 @@ from typing import Any
 
 from ..bundle.schema import Field, check_fields, check_list
 from ..errors import BundleError, MolmoActError
+from ..util.outputs import claim_appended
 
 LEDGER = "episodes.jsonl"
 #: the first line's ``format``: what makes a file this command's ledger
@@ -144,6 +145,7 @@ class Ledger:
                               "writing to this --out?") from None
         finally:
             tmp.unlink(missing_ok=True)
+        claim_appended(self.path)
 
     def _open_existing(self, run: dict[str, Any] | None) -> None:
         data = self.path.read_bytes()

@@ -21,11 +21,9 @@ PUBLISHED = RATES["lerobot_finetune"]["rates"]
 PUBLISHED_AVERAGE = RATES["lerobot_finetune"]["average"]
 ORIGINAL_AVERAGE = RATES["original"]["average"]
 Z95 = 1.959963984540054
-#: ``summary.json``'s ``format``, and ``summary.md``'s first line: how a later run knows the
-#: files are this command's to rewrite
+#: ``summary.json``'s ``format`` (which files a later run may rewrite is ``util/outputs``'
+#: marker's to say)
 SUMMARY_FORMAT = "molmoact2-libero-summary/1"
-MD_MARKER = "<!-- molmoact2 libero summary: rewritten by each run of this folder -->"
-PNG_SOFTWARE = "molmoact2 libero"
 SYNTHETIC_NOTE = ("a random-weight test bundle: 0% success is expected; the run still proves "
                   "the loop (observation, chunk, rows, simulator), the timing and the videos, "
                   "not the model")
@@ -159,7 +157,7 @@ def markdown(summary: dict) -> str:
     """``summary.md``: the tables a person reads against the published rates."""
     run = summary.get("run", {})
     pub = summary["published"]
-    lines = [MD_MARKER, "# LIBERO evaluation", ""]
+    lines = ["# LIBERO evaluation", ""]
     lines += protocol_lines(summary) + [""]
     if run:
         lines += ["Run: " + ", ".join(f"{k}={run[k]}" for k in sorted(run)
@@ -246,7 +244,7 @@ def plot(summary: dict, path: Path) -> bool:
     ax.set_title("LIBERO success by task")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=100, metadata={"Software": PNG_SOFTWARE})
+    fig.savefig(path, dpi=100, format="png")
     plt.close(fig)
     return True
 
@@ -254,41 +252,37 @@ def plot(summary: dict, path: Path) -> bool:
 SUMMARY_FILES = ("summary.json", "summary.md", "success_by_task.png")
 
 
-def written_here(path: Path) -> bool:
-    """Whether ``path`` (one of ``SUMMARY_FILES``) is absent or this command's to rewrite."""
-    path = Path(path)
-    if not path.exists() and not path.is_symlink():
-        return True
-    if path.is_symlink() or not path.is_file():
-        return False
+def check_summary_files(folder: Path, option: str = "--out") -> None:
+    """Before any work: each summary file in ``folder`` is absent or one this package wrote
+    and nobody changed since (``util/outputs``); anything else is refused, naming it."""
+    from ..util.outputs import check_file
+
+    for name in SUMMARY_FILES:
+        check_file(Path(folder) / name, force=True, what=option)
+
+
+def _matplotlib() -> bool:
     try:
-        head = path.read_bytes()[:1 << 20]
-    except OSError:
+        import matplotlib  # noqa: F401
+    except ImportError:
         return False
-    if path.suffix == ".json":
-        try:
-            return json.loads(head).get("format") == SUMMARY_FORMAT
-        except (ValueError, AttributeError):
-            return False
-    if path.suffix == ".md":
-        return head.startswith(MD_MARKER.encode())
-    return head.startswith(b"\x89PNG") and PNG_SOFTWARE.encode() in head
+    return True
 
 
 def write(folder: Path, summary: dict) -> list[Path]:
-    """``summary.json``, ``summary.md`` and ``success_by_task.png`` (when matplotlib is there);
-    a file of that name this command did not write is refused, not replaced."""
-    from ..errors import MolmoActError
+    """``summary.json``, ``summary.md`` and ``success_by_task.png`` (when matplotlib is there),
+    each written whole and recorded as this package's (``util/outputs``); a file of that name
+    this package did not write, or one changed since, is refused, not replaced."""
+    from ..util.outputs import write_file, writing
 
     folder = Path(folder)
-    for name in SUMMARY_FILES:
-        if not written_here(folder / name):
-            raise MolmoActError(f"{folder / name} was not written by molmoact2 libero; it is "
-                                "left as it is: move it or choose a new --out folder")
-    out = [folder / "summary.json", folder / "summary.md"]
-    out[0].write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    out[1].write_text(markdown(summary), encoding="utf-8")
+    check_summary_files(folder, "summary")
+    out = [write_file(folder / "summary.json", json.dumps(summary, indent=2, sort_keys=True)
+                      + "\n", what="summary"),
+           write_file(folder / "summary.md", markdown(summary), what="summary")]
     png = folder / "success_by_task.png"
-    if plot(summary, png):
+    if _matplotlib():
+        with writing(png, what="plot") as tmp:
+            plot(summary, tmp)
         out.append(png)
     return out
