@@ -35,7 +35,7 @@ def test_one_episode_writes_ledger_summary_plot_video_and_resumes(tiny_root, tmp
     args = ["libero", *QUICK, "--episodes", "1", "--max-steps", "12",
             "--bundle-root", str(tiny_root), "--out", str(out)]
     assert main(args) == 0
-    lines = (out / "episodes.jsonl").read_text().splitlines()
+    lines = (out / "episodes.jsonl").read_text().splitlines()[1:]  # after the settings line
     assert len(lines) == 1
     rec = json.loads(lines[0])
     assert rec["key"] == "libero_spatial/0/0" and rec["steps"] == 12 and rec["status"] == "ok"
@@ -48,7 +48,7 @@ def test_one_episode_writes_ledger_summary_plot_video_and_resumes(tiny_root, tmp
     assert "98.4%" in md and "Wilson" in md
     # the same command again: everything is in the ledger, nothing runs twice
     assert main(args) == 0
-    assert len((out / "episodes.jsonl").read_text().splitlines()) == 1
+    assert len((out / "episodes.jsonl").read_text().splitlines()) == 2
     assert "1 in the ledger already, 0 to run" in capsys.readouterr().err
     # other settings on the same folder are refused (one ledger, one configuration)
     assert main([*args, "--time-mode", "latency"]) == 2
@@ -107,7 +107,7 @@ def test_sigterm_then_resume_loses_and_repeats_nothing(tiny_root, tmp_path):
     ledger = out / "episodes.jsonl"
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(lambda: ledger.exists() and ledger.read_text().count("\n") >= 1
+        _wait_for(lambda: ledger.exists() and ledger.read_text().count("\n") >= 2
                   or proc.poll() is not None, 600, "the first episode in the ledger")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=300)
@@ -115,13 +115,13 @@ def test_sigterm_then_resume_loses_and_repeats_nothing(tiny_root, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    keys = [json.loads(ln)["key"] for ln in ledger.read_text().splitlines()]
+    keys = [json.loads(ln)["key"] for ln in ledger.read_text().splitlines()[1:]]
     if proc.returncode == 143:  # stopped during the second episode: it is not in the ledger
         assert keys == ["libero_spatial/0/0"] and "resume" in err
     else:  # the second episode finished before the signal arrived
         assert proc.returncode == 0 and len(keys) == 2
     r = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    keys = [json.loads(ln)["key"] for ln in ledger.read_text().splitlines()]
+    keys = [json.loads(ln)["key"] for ln in ledger.read_text().splitlines()[1:]]
     assert keys == ["libero_spatial/0/0", "libero_spatial/0/1"]
     assert Path(out / "summary.json").exists()
