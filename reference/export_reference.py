@@ -581,6 +581,35 @@ def export_onnx(module, args, path: Path, in_names, out_names) -> None:
                                 input_names=list(in_names), output_names=list(out_names),
                                 optimize=True, verify=False, external_data=False)
     program.save(str(path), external_data=False)
+    strip_metadata(path)
+
+
+def strip_metadata(path: Path) -> None:
+    """Drop the exporter's per-node provenance (stack traces with this machine's file paths,
+    FX node text): the graph's bytes then depend only on the model, not on where it ran."""
+    import onnx
+
+    model = onnx.load(str(path))
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        del graph.metadata_props[:]
+        graph.doc_string = ""
+        for node in graph.node:
+            del node.metadata_props[:]
+            node.doc_string = ""
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    graphs.append(attr.g)
+                graphs.extend(attr.graphs)
+    for function in model.functions:
+        del function.metadata_props[:]
+        for node in function.node:
+            del node.metadata_props[:]
+            node.doc_string = ""
+    del model.metadata_props[:]
+    model.doc_string = ""
+    onnx.save(model, str(path))
 
 
 def run_onnx(path: Path, feeds: dict):
@@ -697,10 +726,20 @@ def main(argv=None) -> int:
 
     # -- end-to-end goldens through predict_action ---------------------------------------------
     e2e = out / "reference"
+    improc = processor.image_processor
+
+    def resized(img):
+        """The image processor's own resize (torchvision, antialias off), back on the u8 grid."""
+        size = [improc.size["height"], improc.size["width"]]
+        unit = hf.images.resize_image(img, size, improc.resample)
+        return np.rint(unit * 255.0).astype(np.uint8)
+
     write_npz(e2e / "observations.npz", {
         "image_primary": np.stack([o[0] for o in obs]),
         "image_wrist": np.stack([o[1] for o in obs]),
         "state": np.stack([o[2] for o in obs]),
+        "resized_primary": np.stack([resized(o[0]) for o in obs]),
+        "resized_wrist": np.stack([resized(o[1]) for o in obs]),
     })
     cases = []
     timings = []

@@ -64,3 +64,15 @@ def test_extraction_refuses_members_outside_its_folder(tmp_path, name, link):
         extract_reference_bundle(archive, dest)
     assert not (tmp_path / "escape.txt").exists()
     assert list(dest.iterdir()) == []
+
+
+@needs_archive
+def test_graphs_carry_no_exporter_provenance(reference_bundle):
+    """Stack traces in node metadata would name the exporting machine's paths and make the
+    bytes depend on where the exporter ran."""
+    graphs = sorted(reference_bundle.rglob("*.onnx"))
+    assert len(graphs) == 14
+    for graph in graphs:
+        data = graph.read_bytes()
+        assert b"pkg.torch.onnx.stack_trace" not in data, graph
+        assert b'.py", line ' not in data, graph
