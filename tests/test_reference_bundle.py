@@ -140,6 +140,22 @@ def test_predict_matches_predict_action_on_the_htp_runtime(ref, monkeypatch, tmp
     assert len(worst) == 12  # 3 observations x 2 instructions x 2 bundles
 
 
+def test_parity_on_the_htp_fake_with_fp16_io(ref, monkeypatch, tmp_path, capsys):
+    """The golden bias's finfo.min, cast into fp16 sessions, still masks: parity passes at
+    the fp16 limits (the fake's default fp16 I/O, as a context compiled for the HTP)."""
+    from htp_helpers import fake_env
+
+    from molmoact2_ros.bundle.variants import get_variant
+    from molmoact2_ros.synth.contexts import write_fake_contexts
+
+    fake_env(monkeypatch)
+    dst = tmp_path / "fused"
+    shutil.copytree(ref[(10, "both")], dst)
+    write_fake_contexts(dst, get_variant("fused"), suffixes=("",))
+    assert cli_main(["parity", str(dst), "--backend", "htp"]) == 0
+    assert "30/30 rows pass" in capsys.readouterr().out
+
+
 def test_replay_of_a_bag_of_its_observations(ref, tmp_path, capsys):
     from replay_helpers import run_cli
 
