@@ -190,6 +190,8 @@ def _work(state, payload):
         os._exit(3)  # the actor process dies mid-item, as an OOM kill would do it
     if payload == "raise":
         raise ValueError("bad item")
+    if payload == "wedge":
+        time.sleep(3600)  # a GL deadlock, a hung worker: no result, no death
     return payload * 2
 
 
@@ -211,6 +213,25 @@ def test_an_item_that_kills_every_actor_fails_after_bounded_retries(ray_session)
     assert "died 3 times" in by_key["b"].error and by_key["b"].attempts == 3
     assert by_key["d"].error == "ValueError: bad item" and by_key["d"].attempts == 1
     assert stats.deaths == 3 and stats.retries == {"b": 2}
+
+
+def test_a_wedged_item_is_killed_retried_then_reported_while_the_rest_goes_on(ray_session):
+    items = [("a", 1), ("w", "wedge"), ("c", 3), ("e", 5)]
+    outcomes = []
+    stats = fan_out(items, _job(), outcomes.append, resources=Resources(num_cpus=1),
+                    max_retries=1, item_timeout_s={"a": 60.0, "w": 10.0, "c": 60.0, "e": 60.0})
+    by_key = {o.key: o for o in outcomes}
+    assert sorted(by_key) == ["a", "c", "e", "w"] and len(outcomes) == 4
+    assert [by_key[k].value for k in "ace"] == [2, 6, 10]
+    assert by_key["w"].error.startswith("no result within 10 s (--item-timeout-s), 2 times")
+    assert by_key["w"].attempts == 2 and stats.timeouts == {"w": 2} and stats.deaths == 0
+
+
+def test_the_clusters_gcs_answers_the_join_probe_as_grpc(ray_session):
+    from molmoact2_ros.cluster.connect import answer_at
+
+    host, port = ray_session.get_runtime_context().gcs_address.rsplit(":", 1)
+    assert answer_at(host, int(port)) is None
 
 
 def test_resume_after_an_interrupt_runs_every_item_once(ray_session, tmp_path):
@@ -265,6 +286,22 @@ def test_an_actor_that_cannot_hold_its_resources_is_refused(ray_session):
     with pytest.raises(ClusterError, match="no node of the Ray cluster can hold an actor of "
                        "64 CPU"):
         fan_out([("a", 1)], _job(), print, resources=Resources(num_cpus=64))
+
+
+def test_replay_with_a_wedged_bag_finishes_and_reports_it(ray_session, fleet, tmp_path, capsys):
+    wedged = tmp_path / "wedged" / "bag_0.mcap"  # pairs with bag_0's golden
+    wedged.parent.mkdir()
+    os.mkfifo(wedged)  # opening it for reading blocks: a hung read, not an error
+    rc, out, err = run_cli(["replay", "--ray", *fleet["bags"][1:3], str(wedged),
+                            "--bundle-root", fleet["tiny"], "--golden-dir", fleet["goldens"],
+                            "--ray-retries", "0", "--item-timeout-s", "120", "--no-progress",
+                            "--report", tmp_path / "report"], capsys)
+    assert rc == 2, err
+    verdicts = {v["bag"]: v for v in _verdicts(tmp_path / "report")}
+    assert verdicts["bag_1"]["status"] == verdicts["bag_2"]["status"] == "pass"
+    assert verdicts["bag_0"]["status"] == "error"
+    assert "no result within 120 s (--item-timeout-s)" in verdicts["bag_0"]["error"]
+    assert "past their deadline: bag_0 x1" in out
 
 
 def test_a_setup_that_fails_names_the_node_and_the_cause(ray_session, fleet, tmp_path, capsys):

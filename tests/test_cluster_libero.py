@@ -43,7 +43,7 @@ def ray_session():
 
 def _records(out: Path) -> dict[str, dict]:
     lines = (out / "episodes.jsonl").read_text().splitlines()
-    records = [json.loads(ln) for ln in lines]
+    records = [r for r in map(json.loads, lines) if "key" in r]  # after the ledger's header
     assert len({r["key"] for r in records}) == len(records), "an episode recorded twice"
     return {r["key"]: {k: v for k, v in r.items() if k != "timing"} for r in records}
 
@@ -93,3 +93,44 @@ def test_ray_episodes_equal_in_process_and_resume_after_an_interrupt(ray_session
     for key in ("suites", "tasks", "steps", "chunks", "drops", "clipped_steps"):
         if key in summary_here:
             assert summary_ray[key] == summary_here[key], key
+
+
+def _stop_the_first_actor_running_an_episode(stopped: list) -> threading.Thread:
+    """SIGSTOP the first actor process seen running an episode (Ray titles it
+    ``ray::_Runner.run``): a hung worker that neither answers nor dies."""
+    def watch() -> None:
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            for entry in Path("/proc").iterdir():
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    title = (entry / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"_Runner.run" in title:
+                    os.kill(int(entry.name), signal.SIGSTOP)
+                    stopped.append(int(entry.name))
+                    return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=watch, name="test-wedger", daemon=True)
+    thread.start()
+    return thread
+
+
+def test_ray_with_a_wedged_episode_finishes_and_reports_it(ray_session, tiny_root, tmp_path,
+                                                           capsys):
+    stopped: list = []
+    watcher = _stop_the_first_actor_running_an_episode(stopped)
+    rc = main([*RUN, "--bundle-root", str(tiny_root), "--out", str(tmp_path), "--ray",
+               "--ray-actors", "2", "--ray-retries", "0", "--item-timeout-s", "300"])
+    watcher.join(timeout=WAIT_S)
+    err = capsys.readouterr().err
+    assert stopped, err
+    assert rc == 2, err
+    records = _records(tmp_path)
+    assert len(records) == 1  # the other episode ran to its end
+    wedged = ({"libero_spatial/0/0", "libero_spatial/1/0"} - set(records)).pop()
+    assert f"{wedged}: not recorded: no result within 300 s (--item-timeout-s)" in err
+    assert f"1 of 2 episodes could not be run (first: {wedged}" in err

@@ -234,5 +234,6 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="results folder; an existing ledger resumes")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar or status lines; one line per episode instead")
-    add_ray_args(p, what="episodes", memory_gb=ENV_MEMORY_GB)
+    add_ray_args(p, what="episodes", memory_gb=ENV_MEMORY_GB,
+                 default_timeout="300 s plus 5 s per step of --max-steps")
     p.set_defaults(func=cmd_libero)

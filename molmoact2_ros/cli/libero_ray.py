@@ -13,6 +13,8 @@ from typing import Any
 
 #: memory each actor declares by default: one LIBERO env holds about 2 GB
 ENV_MEMORY_GB = 2.0
+#: an episode's default deadline: 300 s plus 5 s per step of its --max-steps
+EPISODE_TIMEOUT = (300.0, 5.0)
 
 
 def run_with_progress(args, settings, todo: list, ledger, total: int, run: dict) -> int | None:
@@ -53,7 +55,7 @@ def run_on_ray(args, settings, specs_todo: list, ledger, total: int, should_stop
     from ..cluster.fanout import Job, fan_out
     from ..cluster.libero_jobs import close_episode_worker, run_episode, setup_episode_worker
     from ..errors import MolmoActError
-    from .ray_args import resources
+    from .ray_args import item_timeouts, resources
 
     out = Path(args.out).resolve()
     options = {
@@ -79,7 +81,10 @@ def run_on_ray(args, settings, specs_todo: list, ledger, total: int, should_stop
     with cluster(args.ray):
         stats = fan_out([(s.key, s) for s in specs_todo], job, on_result,
                         resources=resources(args), actors=args.ray_actors,
-                        max_retries=args.ray_retries, should_stop=should_stop)
+                        max_retries=args.ray_retries, should_stop=should_stop,
+                        item_timeout_s=item_timeouts(
+                            args, {s.key: run["max_steps"] for s in specs_todo},
+                            *EPISODE_TIMEOUT))
     for note in stats.notes:
         print(note, file=sys.stderr)
     print(f"ray: {stats.items} episodes on {stats.actors} actors in {stats.wall_s:.1f} s "
@@ -87,7 +92,10 @@ def run_on_ray(args, settings, specs_todo: list, ledger, total: int, should_stop
           f"{stats.overhead_fraction:.2%} of an episode"
           + (f"; {stats.deaths} actor deaths, re-run: "
              + ", ".join(f"{k} x{n}" for k, n in sorted(stats.retries.items()))
-             if stats.deaths else ""), file=sys.stderr)
+             if stats.deaths else "")
+          + ("; past their deadline: "
+             + ", ".join(f"{k} x{n}" for k, n in sorted(stats.timeouts.items()))
+             if stats.timeouts else ""), file=sys.stderr)
     if errors and not stats.interrupted:
         raise MolmoActError(f"{len(errors)} of {total} episodes could not be run (first: "
                             f"{errors[0]}); the others are in {ledger.path}: run again to retry")

@@ -253,7 +253,7 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar or status lines")
-    add_ray_args(p, what="bags")
+    add_ray_args(p, what="bags", default_timeout="300 s plus 60 s per MiB of the bag")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser(

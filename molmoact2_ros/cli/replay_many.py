@@ -168,7 +168,7 @@ def cmd_replay_many(args: argparse.Namespace) -> int:
 def _run_on_ray(args, todo: list[BagItem], options: dict, record, should_stop):
     from ..cluster.connect import cluster
     from ..cluster.fanout import Job, fan_out
-    from .ray_args import resources
+    from .ray_args import item_timeouts, resources
 
     job = Job(setup=setup_worker, work=check_bag, setup_arg=options, teardown=close_worker)
     items = {i.name: i for i in todo}
@@ -182,15 +182,28 @@ def _run_on_ray(args, todo: list[BagItem], options: dict, record, should_stop):
     with cluster(args.ray):
         stats = fan_out([(i.name, i) for i in todo], job, on_result,
                         resources=resources(args), actors=args.ray_actors,
-                        max_retries=args.ray_retries, should_stop=should_stop)
+                        max_retries=args.ray_retries, should_stop=should_stop,
+                        item_timeout_s=item_timeouts(
+                            args, {i.name: _mib(i.bag) for i in todo}, 300.0, 60.0))
     for note in stats.notes:
         print(note, file=sys.stderr)
     return stats
 
 
+def _mib(path: str) -> float:
+    """A bag's size in MiB (a folder: its files; what cannot be read counts as nothing)."""
+    p = Path(path)
+    try:
+        files = [f for f in p.rglob("*") if f.is_file()] if p.is_dir() else [p]
+        return sum(f.stat().st_size for f in files) / 2**20
+    except OSError:
+        return 0.0
+
+
 def _stats_json(stats) -> dict[str, Any]:
     return {"actors": stats.actors, "actors_started": stats.actors_started,
-            "deaths": stats.deaths, "retries": stats.retries, "items": stats.items,
+            "deaths": stats.deaths, "retries": stats.retries, "timeouts": stats.timeouts,
+            "items": stats.items,
             "setup_s": [round(s, 3) for s in stats.setup_s], "work_s": round(stats.work_s, 3),
             "wall_s": round(stats.wall_s, 3),
             "overhead_fraction": round(stats.overhead_fraction, 5)}
@@ -202,4 +215,7 @@ def _stats_line(stats) -> str:
     if stats.deaths:
         line += (f"; {stats.deaths} actor deaths, re-run: "
                  f"{', '.join(f'{k} x{n}' for k, n in sorted(stats.retries.items()))}")
+    if stats.timeouts:
+        line += ("; past their deadline: "
+                 f"{', '.join(f'{k} x{n}' for k, n in sorted(stats.timeouts.items()))}")
     return line

@@ -1,7 +1,9 @@
 """Work items fanned out over Ray actors: each actor does a one-time setup (a bundle and policy
 load, an env build) and then runs many items, one at a time; results stream to a callback as
 they finish. An actor that dies has its item re-run on a new actor (bounded retries), and no
-item is reported twice. The caller's ledger decides what is already done (resume).
+item is reported twice. An item that gives no result within its deadline (a GL deadlock, a hung
+worker) has its actor killed and is re-run the same way, then reported as its error while the
+other items go on. The caller's ledger decides what is already done (resume).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from .connect import ClusterError, import_ray
 POLL_S = 0.5
 #: seconds a finished actor gets to release what its setup loaded before it is killed
 CLOSE_TIMEOUT_S = 60.0
+#: seconds an actor's setup may take (a bundle load on a slow node) before it is killed
+SETUP_TIMEOUT_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,8 @@ class FanoutStats:
     actors_started: int = 0
     deaths: int = 0
     retries: dict[str, int] = field(default_factory=dict)
+    #: items whose deadline passed, with how many times (their actor was killed each time)
+    timeouts: dict[str, int] = field(default_factory=dict)
     duplicates: int = 0
     setup_s: list[float] = field(default_factory=list)
     work_s: float = 0.0
@@ -180,6 +186,7 @@ def fan_out(
     done: Iterable[str] = (),
     should_stop: Callable[[], bool] | None = None,
     on_dispatch: Callable[[str, int, dict[str, Any]], None] | None = None,
+    item_timeout_s: float | dict[str, float] | None = None,
 ) -> FanoutStats:
     """Run ``job.work`` on every ``(key, payload)`` whose key is not in ``done``, over actors
     of the connected Ray cluster; ``on_result`` gets each ``Outcome`` once, as it finishes.
@@ -188,7 +195,9 @@ def fan_out(
     ``on_dispatch(key, actor, info)`` sees each item handed to an actor (``info`` holds the
     actor's pid and host). A setup that raises ends the run with its message (a missing
     bundle on a node is not a reason to retry); ``should_stop`` is polled and ends the run
-    early, every finished item already reported.
+    early, every finished item already reported. ``item_timeout_s`` (one value, or one per
+    key) bounds each item from its dispatch: past it the actor is killed and the item re-run
+    on a new one, at most ``max_retries`` times, then reported as its error.
     """
     ray = import_ray()
     from ray.exceptions import RayError, RayTaskError
@@ -223,6 +232,45 @@ def fan_out(
     restarts_left = count * (max_retries + 1)
     start = time.perf_counter()
 
+    def deadline_of(kind: str, key: str) -> float | None:
+        if kind == "setup":
+            return SETUP_TIMEOUT_S
+        if isinstance(item_timeout_s, dict):
+            return item_timeout_s.get(key)
+        return item_timeout_s
+
+    def expire(now: float) -> None:
+        """Kill the actors of items past their deadline; re-run or report those items."""
+        nonlocal restarts_left
+        for ref, (kind, slot, key, sent) in list(pending.items()):
+            limit = deadline_of(kind, key)
+            if limit is None or now - sent <= limit:
+                continue
+            pending.pop(ref)
+            ray.kill(slot.handle, no_restart=True)
+            slot.handle = None
+            if kind == "setup":  # as a death: bounded by the restarts
+                stats.deaths += 1
+                if restarts_left <= 0:
+                    raise ClusterError(f"actor setup gave no result in {limit:g} s, and "
+                                       "again on every new actor")
+                restarts_left -= 1
+                launch(slot)
+                continue
+            attempts[key] = attempts.get(key, 0) + 1
+            stats.timeouts[key] = stats.timeouts.get(key, 0) + 1
+            if attempts[key] > max_retries:
+                report(Outcome(key, error=(
+                    f"no result within {limit:g} s (--item-timeout-s), {attempts[key]} times: "
+                    "its actor was killed each time (a wedged item: a GL deadlock, a hung "
+                    "worker?)"), attempts=attempts[key], actor=slot.index,
+                    round_trip_s=now - sent))
+            else:
+                stats.retries[key] = attempts[key]
+                queue.appendleft(key)
+            if queue:  # a timeout is the item's, not the cluster's: no restart budget spent
+                launch(slot)
+
     def launch(slot: _Slot) -> None:
         slot.handle = remote_cls.remote(job, resources.thread_caps())
         slot.info = {}
@@ -255,6 +303,8 @@ def fan_out(
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
             handled = time.perf_counter()
             for ref in ready:
+                if ref not in pending:  # expired meanwhile
+                    continue
                 kind, slot, key, sent = pending.pop(ref)
                 try:
                     value = ray.get(ref)
@@ -305,6 +355,7 @@ def fan_out(
                                attempts=attempts.get(key, 0) + 1, actor=slot.index,
                                host=slot.info.get("host", "")))
                 dispatch(slot)
+            expire(time.perf_counter())
             stats.driver_s += time.perf_counter() - handled
     finally:
         stats.wall_s = time.perf_counter() - start
