@@ -8,8 +8,11 @@ BIN := $(VENV)/bin
 # headless rendering of the LIBERO tests: egl (libegl1 libegl-mesa0 libgl1-mesa-dri) or osmesa
 # (libosmesa6); .ci/run installs both on a fresh Debian/Ubuntu machine run as root
 MUJOCO_GL ?= egl
+# with a ROS 2 sourced, `make test` colcon-builds the package here and runs from its install
+ROS_WS ?= .cache/ros_ws
+ROS_TESTS = $(wildcard tests/test_*_rclpy.py tests/test_launch_*.py)
 
-.PHONY: help install bundle demo test test-quick lint docs clean
+.PHONY: help install bundle demo test test-quick test-ros lint docs clean
 .DEFAULT_GOAL := help
 
 # Each stage prints one "== make:" line, then only what its command prints (pip stays quiet).
@@ -66,9 +69,19 @@ lint: install ## ruff over the repository
 	@echo "== make: lint: ruff check ."
 	@$(BIN)/ruff check .
 
-test: lint bundle ## lint, then the whole test suite on the tiny bundles (what CI runs)
-	@echo "== make: test: pytest (tests that need ROS 2 skip without it; LIBERO renders with MUJOCO_GL=$(MUJOCO_GL))"
-	@MUJOCO_GL=$(MUJOCO_GL) MOLMOACT2_TINY_BUNDLE=$(abspath $(BUNDLE)) $(BIN)/python -m pytest -q -o faulthandler_timeout=900 --durations=15
+test: lint bundle ## lint, then the whole test suite on the tiny bundles (what CI runs; with a ROS 2 sourced, its node and launch tests too)
+	@if [ -n "$$ROS_DISTRO" ]; then \
+	  echo "== make: test: ROS 2 $$ROS_DISTRO is sourced: the whole suite from a colcon build, rclpy and launch tests included (LIBERO renders with MUJOCO_GL=$(MUJOCO_GL))"; \
+	  MUJOCO_GL=$(MUJOCO_GL) MOLMOACT2_TINY_BUNDLE=$(abspath $(BUNDLE)) VENV=$(VENV) ROS_WS=$(ROS_WS) \
+	    bash tests/ros_suite.sh -q -o faulthandler_timeout=900 --durations=15; \
+	else \
+	  echo "== make: test: pytest (no ROS 2 sourced: the rclpy and launch tests skip; LIBERO renders with MUJOCO_GL=$(MUJOCO_GL))"; \
+	  MUJOCO_GL=$(MUJOCO_GL) MOLMOACT2_TINY_BUNDLE=$(abspath $(BUNDLE)) $(BIN)/python -m pytest -q -o faulthandler_timeout=900 --durations=15; \
+	fi
+
+test-ros: install bundle ## only the rclpy and launch tests, under the sourced ROS 2 (from a colcon build)
+	@MUJOCO_GL=$(MUJOCO_GL) MOLMOACT2_TINY_BUNDLE=$(abspath $(BUNDLE)) VENV=$(VENV) ROS_WS=$(ROS_WS) \
+	  bash tests/ros_suite.sh -q -o faulthandler_timeout=900 --durations=15 $(ROS_TESTS)
 
 test-quick: bundle ## the quick subset for inner loops: the files tests/conftest.py marks slow left out
 	@echo "== make: test-quick: pytest -m 'not slow' (make test runs everything)"

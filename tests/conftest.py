@@ -143,3 +143,55 @@ def pytest_collection_modifyitems(config, items):
         if name in SLOW_FILES or any(part in name for part in SLOW_NAME_PARTS) or \
                 item.originalname in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+
+
+# -- the rclpy and launch tests, counted: `make test` prints how many ran and how many skipped,
+# and `.ci/run` fails when a ROS 2 is sourced but none ran (MOLMOACT2_ROS_TESTS_REPORT: a JSON
+# file the counts are written to at the end of the session)
+def is_ros_test_file(name: str) -> bool:
+    """The files that need ROS 2: the rclpy node tests and the launch tests."""
+    return name.endswith("_rclpy.py") or name.startswith("test_launch_")
+
+
+_ROS_COUNTS: dict = {"passed": 0, "failed": 0, "skipped": 0, "skipped_files": 0, "reasons": []}
+
+
+def _ros_file(nodeid: str) -> bool:
+    return is_ros_test_file(nodeid.split("::", 1)[0].rsplit("/", 1)[-1])
+
+
+def pytest_collectreport(report):
+    if report.skipped and _ros_file(report.nodeid) and "::" not in report.nodeid:
+        _ROS_COUNTS["skipped_files"] += 1
+        reason = getattr(report, "longrepr", None)
+        if isinstance(reason, tuple) and len(reason) == 3:
+            _ROS_COUNTS["reasons"].append(str(reason[2]).removeprefix("Skipped: "))
+
+
+def pytest_runtest_logreport(report):
+    if not _ros_file(report.nodeid):
+        return
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        key = "skipped" if report.skipped else "passed" if report.passed else "failed"
+        _ROS_COUNTS[key] += 1
+        if report.skipped and isinstance(report.longrepr, tuple):
+            _ROS_COUNTS["reasons"].append(str(report.longrepr[2]).removeprefix("Skipped: "))
+
+
+def pytest_terminal_summary(terminalreporter):
+    c = _ROS_COUNTS
+    ran = c["passed"] + c["failed"]
+    if not ran and not c["skipped"] and not c["skipped_files"]:
+        return  # a selection without them
+    line = (f"ROS 2 tests (rclpy and launch): {ran} ran ({c['passed']} passed), "
+            f"{c['skipped']} skipped")
+    if c["skipped_files"]:
+        line += f", {c['skipped_files']} files skipped"
+    if c["reasons"]:
+        line += f" ({sorted(set(c['reasons']))[0]})"
+    terminalreporter.write_line(line)
+    out = os.environ.get("MOLMOACT2_ROS_TESTS_REPORT")
+    if out:
+        import json
+
+        Path(out).write_text(json.dumps({"ran": ran, **c}), encoding="utf-8")
