@@ -151,7 +151,7 @@ def test_download_messages_name_the_repository(tiny_root, tmp_path):
     root = tmp_path / "grid_sampler"
     shutil.copytree(tiny_root / "grid_sampler", root, symlinks=True)
     shutil.rmtree(root / "ctx")
-    with pytest.raises(BundleError, match="huggingface-cli download "
+    with pytest.raises(BundleError, match="hf download "
                        "xpuenabler/molmoact2-libero_grid_sampler_qnn --local-dir"):
         Bundle.open(root).check("htp")
     with pytest.raises(BundleError, match="xpuenabler/MolmoAct2-LIBERO-LP-VTP-SD"):

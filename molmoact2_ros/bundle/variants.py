@@ -235,7 +235,7 @@ def download_hint(variant: str | None = None, what: str = "the bundle") -> str:
     """How to (re-)download a variant's bundle, naming the repository (every variant's when
     the variant is not known)."""
     if variant in BUNDLE_REPOS:
-        return (f"download {what} again: huggingface-cli download {BUNDLE_REPOS[variant]} "
+        return (f"download {what} again: hf download {BUNDLE_REPOS[variant]} "
                 f"--local-dir DIR/{variant} (docs/iq9075.md)")
     repos = ", ".join(f"{v}: {r}" for v, r in BUNDLE_REPOS.items())
     return f"download {what} from Hugging Face ({repos}; docs/iq9075.md)"
@@ -244,7 +244,7 @@ def download_hint(variant: str | None = None, what: str = "the bundle") -> str:
 def checkpoint_hint(what: str = "it") -> str:
     """How to (re-)download a checkpoint, naming the repositories host/ comes from."""
     repos = ", ".join(f"{v}: {r}" for v, r in HOST_CHECKPOINTS.items() if r)
-    return (f"download {what} again (huggingface-cli download REPO --local-dir CHECKPOINT; "
+    return (f"download {what} again (hf download REPO --local-dir CHECKPOINT; "
             f"{repos})")
 
 

@@ -181,8 +181,8 @@ def register(sub) -> None:
         "Writes the ledger\nepisodes.jsonl (a rerun resumes it), summary.json/.md with 95% "
         "Wilson intervals beside the\npublished rates, success_by_task.png and one video per "
         "episode. Needs the sim extra and\nMUJOCO_GL=egl or osmesa (docs/libero.md).",
-        epilog=example("molmoact2 libero --suite libero_spatial --tasks 0,3 --episodes 50 "
-                       "--bundle-root /data/molmoact2 --variant grid_sampler --out results/spatial",
+        epilog=example("molmoact2 libero --suite libero_goal --tasks 0,3 --episodes 50 "
+                       "--bundle-root /data/molmoact2 --variant grid_sampler --out results/goal",
                        "molmoact2 libero --suite libero_goal --time-mode latency --latency-ms 180 "
                        "--bundle-root /data/molmoact2 --out results/goal_180ms"))
     p.add_argument("--suite", default="libero_spatial",

@@ -61,7 +61,7 @@ def check_host_files(bundle) -> Check:
     from ..bundle.variants import HOST_CHECKPOINTS
 
     repo = HOST_CHECKPOINTS.get(bundle.variant.name)
-    where = (f"(huggingface-cli download {repo} --local-dir CHECKPOINT)" if repo else
+    where = (f"(hf download {repo} --local-dir CHECKPOINT)" if repo else
              "(the checkpoint this variant was exported from is not published: its bundle "
              "names a MolmoAct2-LIBERO-ViT10L base; docs/iq9075.md)")
     return Check("host assets", FAIL, f"{bundle.root / 'host'} lacks {', '.join(missing)}",
