@@ -260,3 +260,40 @@ def test_progress_on_a_pipe_names_each_phase_then_every_n_steps_and_never_goes_q
         assert "libero [1/2] libero_goal/0/0: step 10/20, chunk 1" in pipe.lines()[-1]
     finally:
         progress.close()
+
+
+def _banner_colours(frame):
+    """(reddish, amber) pixel counts of the status text in a frame's banner."""
+    import numpy as np
+
+    banner = frame[20:45].astype(int)
+    r, g, b = banner[..., 0], banner[..., 1], banner[..., 2]
+    red = int(np.count_nonzero((r > 170) & (g < 140) & (b < 140)))
+    amber = int(np.count_nonzero((r > 170) & (g > 150) & (b < 130)))
+    return red, amber
+
+
+@pytest.mark.parametrize("outcome", ["failure", "refused"])
+def test_a_video_ends_on_its_outcome_and_is_named_by_it(tmp_path, outcome):
+    import numpy as np
+
+    imageio = pytest.importorskip("imageio.v2")
+    pytest.importorskip("imageio_ffmpeg")
+    from molmoact2_ros.sim.video import OUTCOME_FRAMES, EpisodeVideo
+
+    video = EpisodeVideo(tmp_path, "libero_goal_task01_init02", "open the drawer", size=64)
+    scene = np.full((64, 64, 3), 90, np.uint8)
+    added = 3 if outcome == "failure" else 0  # a refused instruction renders nothing
+    for k in range(added):
+        video.add((scene, scene), k, False)
+    path = video.finish(outcome, "too long" if outcome == "refused" else "")
+    assert path == tmp_path / f"libero_goal_task01_init02_{outcome}.mp4"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    with imageio.get_reader(str(path)) as reader:
+        frames = [reader.get_data(i) for i in range(reader.count_frames())]
+    assert len(frames) == added + OUTCOME_FRAMES
+    red, amber = _banner_colours(frames[-1])
+    assert red > 5 and amber < red / 4, (red, amber)  # the last frame: red outcome text
+    if added:
+        red, amber = _banner_colours(frames[0])
+        assert amber > 5 and red < amber / 4, (red, amber)  # while running: amber
