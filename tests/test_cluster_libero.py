@@ -54,7 +54,7 @@ def _interrupt_after_first_record(out: Path) -> threading.Thread:
         ledger = out / "episodes.jsonl"
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
-            if ledger.exists() and ledger.read_text().count("\n") >= 1:
+            if ledger.exists() and ledger.read_text().count('"key"') >= 1:  # past the header
                 os.kill(os.getpid(), signal.SIGINT)
                 return
             time.sleep(0.05)
