@@ -212,9 +212,11 @@ def test_deactivate_and_cleanup_release_the_runtime(rig):
     node, got, publish, call, _ = rig
     assert node.trigger_deactivate() == SUCCESS
     n = len(got["chunks"])
+    ns = node.get_namespace()  # inactive: the inputs are unsubscribed, so nothing can arrive
+    inputs = [f"{ns}/camera/agentview/image", f"{ns}/camera/wrist/image", f"{ns}/joint_states"]
+    assert wait_for(lambda: all(node.count_subscribers(t) == 0 for t in inputs), 30)
     publish()
-    time.sleep(0.5)
-    assert len(got["chunks"]) == n  # inactive: nothing is published
+    assert len(got["chunks"]) == n  # and nothing is published
     assert node.trigger_cleanup() == SUCCESS
     assert node.controller.policy is None
     assert call(GetState, "get_state", GetState.Request()).current_state.label == "unconfigured"
