@@ -183,7 +183,7 @@ def bench_scale_out(tmp: Path, *, variant: str = "grid_sampler", bags: int = 20,
     # a local cluster's workers run at this process's priority (cluster()), so both sides
     # of the comparison do
     with cluster("local", num_cpus=max(actors, os.cpu_count() or 1)) as ray:
-        out["worker_niceness"] = int(os.environ.get(NICENESS_ENV, "15"))
+        out["worker_niceness"] = os.nice(0) + int(os.environ.get(NICENESS_ENV, "15"))
         out["cluster_start_s"] = time.perf_counter() - start
         out["cpus"] = ray.cluster_resources().get("CPU", 0.0)
         out["runs"].append(_side_by_side(

@@ -143,7 +143,8 @@ def answer_at(host: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> str |
     return f"a TCP listener accepted but said nothing in {timeout_s:g} s to an HTTP/2 greeting"
 
 
-#: the priority Ray starts a local cluster's worker processes at (Ray's default: nice 15)
+#: what Ray adds to its raylet's (so the caller's) nice value for a local cluster's workers
+#: (Ray's default: 15)
 NICENESS_ENV = "RAY_worker_niceness"
 
 
@@ -163,8 +164,9 @@ def cluster(address: str, *, num_cpus: int | None = None) -> Iterator[ModuleType
     try:
         if address == LOCAL:
             # the actors do the run's work while this process waits on them: at Ray's default
-            # nice 15 any other work on the machine would starve them, so they get ours
-            os.environ.setdefault(NICENESS_ENV, str(os.nice(0)))
+            # nice 15 any other work on the machine would starve them, so they get ours. Ray
+            # adds the value to the priority its raylet inherited from us: 0 keeps ours
+            os.environ.setdefault(NICENESS_ENV, "0")
             ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), **kwargs)
         else:
             _join(ray, address, kwargs)
