@@ -101,16 +101,14 @@ def no_leaks():
     import threading
     import time
 
-    from htp_helpers import Snapshot
+    from htp_helpers import Snapshot, leftover_threads
 
     threads_before = set(threading.enumerate())
     before = Snapshot.take()
     yield
     deadline = time.monotonic() + 60.0
     while True:
-        threads = sorted(t.name for t in threading.enumerate()
-                         if t not in threads_before and t.is_alive()
-                         and not t.name.startswith("molmoact2-preprocess"))
+        threads = sorted(leftover_threads(threads_before))
         problems = Snapshot.take().leaks_since(before)
         if threads:
             problems.append(f"threads left: {threads}")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +107,23 @@ class Snapshot:
         if self.fds > before.fds:
             problems.append(f"{self.fds - before.fds} more open fds")
         return problems
+
+
+def leftover_threads(before: Iterable[threading.Thread]) -> list[str]:
+    """Threads of this process that started after ``before`` and still run, the package's
+    process-wide preprocessing pool apart. A Ray C++ thread that once called into Python stays
+    in ``threading.enumerate()`` as a dummy after it exits (CPython 3.11 never drops dummies),
+    so a dummy counts only while its OS thread is still in ``/proc/self/task``."""
+    known = set(before)
+    out = []
+    for t in threading.enumerate():
+        if t in known or not t.is_alive() or t.name.startswith("molmoact2-preprocess"):
+            continue
+        if isinstance(t, threading._DummyThread) and not os.path.exists(
+                f"/proc/self/task/{t.native_id}"):
+            continue
+        out.append(t.name)
+    return out
 
 
 def process_gone(pid: int) -> bool:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from htp_helpers import process_gone
+from htp_helpers import leftover_threads, process_gone
 from replay_helpers import obs_bag, run_cli, trace
 
 ray = pytest.importorskip("ray")
@@ -58,8 +58,7 @@ def ray_session():
     deadline = time.monotonic() + WAIT_S
     while True:
         left = _children() - children
-        extra = [t.name for t in threading.enumerate() if t not in threads and t.is_alive()
-                 and not t.name.startswith("molmoact2-preprocess")]  # a process-wide pool
+        extra = leftover_threads(threads)
         if not left and not extra or time.monotonic() > deadline:
             break
         time.sleep(0.2)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from htp_helpers import leftover_threads
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("libero")
@@ -33,8 +34,7 @@ def ray_session():
         yield session
     deadline = time.monotonic() + 120
     while True:
-        extra = [t.name for t in threading.enumerate() if t not in threads and t.is_alive()
-                 and not t.name.startswith("molmoact2-preprocess")]
+        extra = leftover_threads(threads)
         if not extra or time.monotonic() > deadline:
             break
         time.sleep(0.2)
