@@ -293,13 +293,13 @@ def test_replay_with_a_wedged_bag_finishes_and_reports_it(ray_session, fleet, tm
     os.mkfifo(wedged)  # opening it for reading blocks: a hung read, not an error
     rc, out, err = run_cli(["replay", "--ray", *fleet["bags"][1:3], str(wedged),
                             "--bundle-root", fleet["tiny"], "--golden-dir", fleet["goldens"],
-                            "--ray-retries", "0", "--item-timeout-s", "120", "--no-progress",
+                            "--ray-retries", "0", "--item-timeout-s", "60", "--no-progress",
                             "--report", tmp_path / "report"], capsys)
     assert rc == 2, err
     verdicts = {v["bag"]: v for v in _verdicts(tmp_path / "report")}
     assert verdicts["bag_1"]["status"] == verdicts["bag_2"]["status"] == "pass"
     assert verdicts["bag_0"]["status"] == "error"
-    assert "no result within 120 s (--item-timeout-s)" in verdicts["bag_0"]["error"]
+    assert "no result within 60 s (--item-timeout-s)" in verdicts["bag_0"]["error"]
     assert "past their deadline: bag_0 x1" in out
 
 

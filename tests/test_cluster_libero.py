@@ -123,8 +123,11 @@ def test_ray_with_a_wedged_episode_finishes_and_reports_it(ray_session, tiny_roo
                                                            capsys):
     stopped: list = []
     watcher = _stop_the_first_actor_running_an_episode(stopped)
-    rc = main([*RUN, "--bundle-root", str(tiny_root), "--out", str(tmp_path), "--ray",
-               "--ray-actors", "2", "--ray-retries", "0", "--item-timeout-s", "300"])
+    # 10 steps: the honest episode takes ~15 s quiet, far inside the 100 s the wedged one waits
+    short = [*RUN[:RUN.index("--max-steps")], "--max-steps", "10",
+             *RUN[RUN.index("--max-steps") + 2:]]
+    rc = main([*short, "--bundle-root", str(tiny_root), "--out", str(tmp_path), "--ray",
+               "--ray-actors", "2", "--ray-retries", "0", "--item-timeout-s", "100"])
     watcher.join(timeout=WAIT_S)
     err = capsys.readouterr().err
     assert stopped, err
@@ -132,5 +135,5 @@ def test_ray_with_a_wedged_episode_finishes_and_reports_it(ray_session, tiny_roo
     records = _records(tmp_path)
     assert len(records) == 1  # the other episode ran to its end
     wedged = ({"libero_spatial/0/0", "libero_spatial/1/0"} - set(records)).pop()
-    assert f"{wedged}: not recorded: no result within 300 s (--item-timeout-s)" in err
+    assert f"{wedged}: not recorded: no result within 100 s (--item-timeout-s)" in err
     assert f"1 of 2 episodes could not be run (first: {wedged}" in err
