@@ -77,8 +77,22 @@ def test_tiny_bundle_refuses_to_overwrite_without_force(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "already holds grid_sampler; pass --force" in err and err.count("\n") == 1
     assert sorted(p.name for p in existing.iterdir()) == ["mine.txt"]  # nothing written
+    # --force replaces only a folder tiny-bundle wrote: a user's folder is named and kept
+    assert main(["tiny-bundle", str(tmp_path), "--variants", "grid_sampler", "--force"]) == 2
+    err = capsys.readouterr().err
+    assert "is not replaced, even with --force" in err and "mine.txt" in err, err
+    assert sorted(p.name for p in existing.iterdir()) == ["mine.txt"]
+    (existing / "mine.txt").unlink()  # an empty folder is written into
     assert main(["tiny-bundle", str(tmp_path), "--variants", "grid_sampler", "--force"]) == 0
     assert (existing / "bundle.json").is_file()
+    first = (existing / "golden" / "e2e_trace.npz").read_bytes()
+    assert main(["tiny-bundle", str(tmp_path), "--variants", "grid_sampler", "--force"]) == 0
+    assert (existing / "golden" / "e2e_trace.npz").read_bytes() == first  # same seed, same bytes
+    (existing / "host" / "prompt.json").write_text("{}")  # edited since: no longer replaced
+    assert main(["tiny-bundle", str(tmp_path), "--variants", "grid_sampler", "--force"]) == 2
+    assert "its host/prompt.json changed since it was written" in capsys.readouterr().err
+    assert (existing / "host" / "prompt.json").read_text() == "{}"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging
 
 
 def test_doctor_exits_2_on_a_missing_path(tmp_path, capsys):

@@ -88,8 +88,16 @@ def test_export_host_refuses_to_overwrite_without_force(tiny_root, tmp_path, cap
     assert err.count("\n") == 0 and "already has tokenizer.json, embeddings.npy, prompt.json, " \
         "conventions.json; pass --force to overwrite them" in err
     assert prompt.read_text() == "{}"
+    # --force replaces what export-host wrote, never a file edited since: that is named
+    assert cli_main(["export-host", str(ckpt), str(bundle), "--force"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "prompt.json exists and it changed since this package wrote it" in err, err
+    assert prompt.read_text() == "{}"
+    prompt.rename(prompt.with_name("prompt.mine.json"))
     assert cli_main(["export-host", str(ckpt), str(bundle), "--force"]) == 0
     assert json.loads(prompt.read_text())["template"]
+    assert cli_main(["export-host", str(ckpt), str(bundle), "--force"]) == 0  # its own: replaced
+    assert (bundle / "host" / "prompt.mine.json").read_text() == "{}"
 
 
 def test_a_failed_export_leaves_nothing_that_blocks_a_rerun(tiny_root, tmp_path):

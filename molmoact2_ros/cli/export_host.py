@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from ..bundle.conventions import Conventions
 from ..bundle.normstats import NormStats
 from ..bundle.schema import read_json_object
 from ..errors import BundleError, GoldenError
+from ..util.outputs import check_file, remove, writing
 from ..util.progress import progress
 
 __all__ = ["TEMPLATE", "embedding_table", "export_host", "starting_conventions"]
@@ -89,15 +91,10 @@ def export_norm_stats(checkpoint: Path, bundle: Path, meta: dict, *, named: Path
         document.setdefault("source", f"norm_stats.json {source}")
         if mode:
             document["norm_mode"] = mode
-    tmp = target.with_name(".norm_stats.json.tmp")
-    tmp.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-    try:
+    with writing(target, what="export-host output") as tmp:  # validated before it is kept
+        tmp.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
         v = Bundle.open(bundle, variant).variant
         NormStats.from_json(tmp, action_dim=v.action_dim, state_dim=v.state_dim)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    tmp.replace(target)
     return target
 
 
@@ -115,18 +112,23 @@ def export_host(checkpoint: Path, bundle: Path, *, force: bool = False,
         raise BundleError(f"bundle path {bundle} is a file; give the bundle folder")
     host = bundle / "host"
     names = ("tokenizer.json", "embeddings.npy", "prompt.json", "conventions.json")
-    existing = [n for n in names if (host / n).exists()]
+    existing = [n for n in names if os.path.lexists(host / n)]
     if existing and not force:
         raise BundleError(f"{host} already has {', '.join(existing)}; pass --force to "
                           "overwrite them")
+    for n in existing:  # --force replaces only files this command wrote, unchanged since
+        check_file(host / n, force=True, what="export-host output")
     if variant is None and not (bundle / "bundle.json").is_file():
         raise BundleError(f"{bundle} has no bundle.json naming its variant; add --variant")
     from ..bundle.lerobot_stats import find_processor
 
     stats_from = norm_stats or find_processor(checkpoint)
-    if stats_from and (bundle / "norm_stats.json").is_file() and not force:
-        raise BundleError(f"{bundle / 'norm_stats.json'} exists; pass --force to replace it "
-                          f"with the statistics of {stats_from}")
+    target = bundle / "norm_stats.json"
+    if stats_from and os.path.lexists(target):
+        if not force:
+            raise BundleError(f"{target} exists; pass --force to replace it with the "
+                              f"statistics of {stats_from}")
+        check_file(target, force=True, what="export-host output")
     host.mkdir(parents=True, exist_ok=True)
     result = ExportResult()
     norm = checkpoint / "norm_stats.json"
@@ -158,15 +160,15 @@ def export_host(checkpoint: Path, bundle: Path, *, force: bool = False,
         "prompt.json": lambda p: p.write_text(json.dumps(prompt, indent=2, sort_keys=True)),
         "conventions.json": conventions,  # last: reading the goldens needs the other three
     }
-    name = "tokenizer.json"
     try:
         for name in progress(steps, "export-host"):
-            steps[name](host / name)
+            with writing(host / name, what="export-host output") as tmp:
+                steps[name](tmp)
             result.written.append(host / name)
     except BaseException:
-        for path in [*result.written, host / name]:  # a half export would block the re-run
+        for path in result.written:  # a half export would block the re-run
             if path.name not in existing:  # files that were there before are left alone
-                path.unlink(missing_ok=True)
+                remove(path, what="export-host output")
         raise
     written = export_norm_stats(checkpoint, bundle, meta, named=norm_stats, mode=norm_mode,
                                 force=force, variant=variant)

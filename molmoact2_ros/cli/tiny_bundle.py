@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -10,26 +13,39 @@ from ..bundle.variants import VARIANTS
 from ..control.params import SEED_MAX
 from ..errors import BundleError
 from ..util.optional import require
+from ..util.outputs import check_folder, check_written_folder, replace_folder, seal_folder
 from ..util.progress import progress
 from .args import example, int_in
+
+#: the marker's folder kind: ``--force`` replaces only a folder sealed as this
+KIND = "tiny-bundle"
 
 
 def cmd_tiny_bundle(args: argparse.Namespace) -> int:
     require("onnx", "tiny-bundle (it builds ONNX graphs)")
     from ..synth import write_tiny_bundles
 
-    out = Path(args.out).expanduser()
-    if out.exists() and not out.is_dir():
-        raise BundleError(f"output path {out} is a file; give a folder")
+    out = check_folder(args.out, what="output path")  # not a file, not a symlink
     names = args.variants or list(VARIANTS)
-    existing = [n for n in names if (out / n).exists()]
+    existing = [n for n in names if os.path.lexists(out / n)]
     if existing and not args.force:
         raise BundleError(f"{out} already holds {', '.join(existing)}; pass --force to overwrite "
                           "them, or give a new folder")
+    for name in names:  # --force replaces only a variant folder this command wrote, unchanged
+        check_written_folder(out / name, force=args.force, what="tiny-bundle folder",
+                             kind=KIND)
     start = time.perf_counter()
     written: dict[str, Path] = {}
-    for name in progress(names, "tiny-bundle"):
-        written.update(write_tiny_bundles(out, variants=(name,), seed=args.seed))
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tiny-bundle.", dir=out))
+    try:  # each variant is written beside its folder, sealed, then moved into place
+        for name in progress(names, "tiny-bundle"):
+            write_tiny_bundles(staging, variants=(name,), seed=args.seed)
+            seal_folder(staging / name, KIND)
+            replace_folder(staging / name, out / name, what="tiny-bundle folder", kind=KIND)
+            written[name] = out / name
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     for name, path in written.items():
         print(f"{name:<14} {path}")
     print(f"tiny-bundle: wrote {len(written)} bundles ({', '.join(written)}) to {out} in "
@@ -52,5 +68,6 @@ def register(subparsers) -> None:
                    help="variants to write (default: all)")
     p.add_argument("--seed", type=int_in(0, SEED_MAX), default=0, help="weight and golden seed")
     p.add_argument("--force", action="store_true",
-                   help="overwrite variant folders that already exist in OUT")
+                   help="replace variant folders this command wrote earlier in OUT (never "
+                   "a folder it did not write, or one changed since)")
     p.set_defaults(func=cmd_tiny_bundle)

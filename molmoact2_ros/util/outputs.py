@@ -73,6 +73,9 @@ def _register(path: Path, entry: dict[str, Any] | None) -> None:
         if path.name not in data["files"]:
             return
         del data["files"][path.name]
+        if not data["files"] and "folder" not in data:  # nothing of ours left: no marker
+            (folder / MARKER).unlink()
+            return
     else:
         data["files"][path.name] = entry
     _write_marker(folder, data)
@@ -99,31 +102,49 @@ def _atomic(path: Path, data: bytes) -> None:
 
 # -- what is ours ---------------------------------------------------------------------------------
 
-def _foreign_in_bag(path: Path) -> str:
-    """'' when ``path`` is a bag folder this package recorded and still holds only what it
-    wrote; else what is not (named)."""
+def _foreign_in_folder(path: Path, kind: str = "rosbag2") -> str:
+    """'' when ``path`` is a folder of ``kind`` this package wrote (a recorded bag, a tiny
+    bundle) and still holds only what it wrote; else what is not (named)."""
     marker = _read_marker(path)
-    if marker is None or marker.get("folder") != "rosbag2":
+    if marker is None or marker.get("folder") != kind:
         listing = sorted(p.name for p in path.iterdir())[:3]
-        return (f"it is a folder this package did not record (no {MARKER} marker; holds "
+        made = "record" if kind == "rosbag2" else "write"
+        return (f"it is a folder this package did not {made} (no {MARKER} marker; holds "
                 f"{', '.join(listing)}{', ...' if len(listing) == 3 else ''})")
     files = marker["files"]
-    for entry in sorted(path.iterdir()):
-        if entry.name == MARKER:
+    for entry in sorted(path.rglob("*")):
+        name = entry.relative_to(path).as_posix()
+        if entry.name == MARKER or (entry.is_dir() and not entry.is_symlink()):
             continue
         if entry.is_symlink() or not entry.is_file():
-            return f"it holds {entry.name}, which this package did not write"
-        if entry.name in files:
-            if _digest(entry) != files[entry.name]:
-                return f"its {entry.name} changed since it was recorded"
-        elif marker.get("complete") or not any(fnmatch(entry.name, p) for p in BAG_PATTERNS):
-            return f"it holds {entry.name}, which this package did not write"
+            return f"it holds {name}, which this package did not write"
+        if name in files:
+            if _digest(entry) != files[name]:
+                return f"its {name} changed since it was written"
+        elif marker.get("complete") or not any(fnmatch(name, p) for p in BAG_PATTERNS):
+            return f"it holds {name}, which this package did not write"
     return ""
+
+
+def _entry_for(path: Path) -> dict[str, Any] | None:
+    """What the nearest marker above ``path`` (its folder's, or a written folder's a few
+    levels up, e.g. a tiny bundle's) records of it; None when none names it."""
+    folder = path.parent
+    for _ in range(4):
+        marker = _read_marker(folder)
+        if marker is not None:
+            entry = marker["files"].get(path.relative_to(folder).as_posix())
+            if entry is not None:
+                return entry
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    return None
 
 
 def _foreign_file(path: Path) -> str:
     """'' when ``path`` is a file this package wrote and nobody changed since; else why not."""
-    entry = (_read_marker(path.parent) or {"files": {}})["files"].get(path.name)
+    entry = _entry_for(path)
     if entry is None:
         return "this package did not write it"
     if entry.get("append"):
@@ -200,7 +221,7 @@ def check_bag(path: str | os.PathLike, *, force: bool, what: str) -> Path:
     if path.is_dir() and not any(path.iterdir()):
         return path
     why = ("it is a file, not a bag this package recorded" if not path.is_dir()
-           else _foreign_in_bag(path))
+           else _foreign_in_folder(path, "rosbag2"))
     if why:
         raise OutputRefused(f"{what} {path} is not replaced, even with --force: {why}; give a "
                             "new path or move it away")
@@ -218,7 +239,7 @@ def remove(path: str | os.PathLike, *, what: str) -> None:
         return
     if path.is_dir():
         if any(path.iterdir()):
-            why = _foreign_in_bag(path)
+            why = _foreign_in_folder(path, "rosbag2")
             if why:
                 raise OutputRefused(f"{what} {path} is not removed: {why}")
             shutil.rmtree(path)
@@ -282,17 +303,62 @@ def begin_bag(path: str | os.PathLike) -> None:
 
 def seal_bag(path: str | os.PathLike) -> None:
     """Record the closed bag's files (size and SHA-256) in its marker."""
+    seal_folder(path, "rosbag2")
+
+
+def seal_folder(path: str | os.PathLike, kind: str) -> None:
+    """Record every file under the finished folder ``path`` (a bag, a tiny bundle: its
+    ``kind``) with size and SHA-256 in its marker."""
     path = Path(path)
-    files = {p.name: _digest(p) for p in sorted(path.iterdir())
+    files = {p.relative_to(path).as_posix(): _digest(p) for p in sorted(path.rglob("*"))
              if p.name != MARKER and p.is_file() and not p.is_symlink()}
-    _write_marker(path, {"written_by": WRITTEN_BY, "folder": "rosbag2", "complete": True,
+    _write_marker(path, {"written_by": WRITTEN_BY, "folder": kind, "complete": True,
                          "files": files})
+
+
+def check_written_folder(path: str | os.PathLike, *, force: bool, what: str,
+                         kind: str) -> Path:
+    """Before any work: a folder of ``kind`` may be written at ``path``. An existing one is
+    refused without ``force``; with it, only an empty folder or one this package wrote (its
+    marker inside, nothing added or changed since) is replaced. Writes nothing."""
+    path = Path(os.path.expanduser(str(path)))
+    _refuse_symlink(path, what)
+    if not path.exists():
+        return path
+    if not force:
+        raise OutputRefused(f"{what} {path} exists already; give a new folder or pass --force "
+                            "to replace it (only a folder this package wrote is replaced)")
+    if path.is_dir() and not any(path.iterdir()):
+        return path
+    why = ("it is a file" if not path.is_dir() else _foreign_in_folder(path, kind))
+    if why:
+        raise OutputRefused(f"{what} {path} is not replaced, even with --force: {why}; give a "
+                            "new folder or move it away")
+    return path
+
+
+def replace_folder(source: Path, target: Path, *, what: str, kind: str) -> None:
+    """Move the finished folder ``source`` (sealed as ``kind``) to ``target``, replacing an
+    earlier folder of the package there after checking again that it is one."""
+    target = Path(target)
+    _refuse_symlink(target, what)
+    if target.exists():
+        if target.is_dir() and any(target.iterdir()):
+            why = _foreign_in_folder(target, kind)
+            if why:
+                raise OutputRefused(f"{what} {target} is not replaced: {why}")
+            shutil.rmtree(target)
+        elif target.is_dir():
+            target.rmdir()
+        else:
+            raise OutputRefused(f"{what} {target} is a file")
+    Path(source).rename(target)
 
 
 def move_bag(source: Path, target: Path, *, what: str) -> None:
     """Move a finished bag folder this package recorded to ``target``, replacing an earlier
     bag of the package there (never anything else)."""
-    if _foreign_in_bag(source):
+    if _foreign_in_folder(source, "rosbag2"):
         raise OutputRefused(f"{what} {source} is not a bag this package recorded")
     remove(target, what=what)
     source.rename(target)

@@ -73,6 +73,15 @@ def foreign(tmp_path, tiny_root):
     (home / "looks_like_a_bag").mkdir()
     (home / "looks_like_a_bag" / "metadata.yaml").write_text("rosbag2_bagfile_information: {}\n")
     (home / "looks_like_a_bag" / "data.db3").write_bytes(b"SQLite format 3\x00 mine")
+    (home / "grid_sampler").mkdir()  # a folder named like a tiny bundle's variant
+    (home / "grid_sampler" / "bundle.json").write_text('{"mine": true}\n')
+    (home / "bundle" / "host").mkdir(parents=True)  # a bundle with a user's host/ files
+    (home / "bundle" / "host" / "prompt.json").write_text('{"mine": true}\n')
+    (home / "bundle" / "norm_stats.json").write_text('{"mine": true}\n')
+    (home / "linked_bundle" / "host").mkdir(parents=True)
+    (home / "linked_bundle" / "host" / "tokenizer.json").symlink_to(elsewhere / "secret.txt")
+    (tmp_path / "input" / "checkpoint").mkdir(parents=True)
+    (tmp_path / "input" / "checkpoint" / "tokenizer.json").write_text("{}\n")
     (home / "link.txt").symlink_to(elsewhere / "secret.txt")
     (home / "link_bag").symlink_to(elsewhere / "bag")
     (home / "dangling").symlink_to(tmp_path / "nowhere")
@@ -128,6 +137,16 @@ def _commands(t: Path, tiny_root: Path) -> list[tuple[str, list[str], str]]:
                  ["replay", obs, t / "input" / "looks_like_a_bag", "--golden-dir", t / "input",
                   "--report",
                   home / "link_bag", "--bundle-root", tiny_root, "--force"], "symlink"))
+    for target, why in (("", "grid_sampler is not replaced, even with --force"),
+                        ("link_bag", "symlink")):
+        rows.append((f"tiny-bundle home/{target}", ["tiny-bundle", home / target, "--variants",
+                                                    "grid_sampler", "--force"], why))
+    ckpt = t / "input" / "checkpoint"
+    rows.append(("export-host into a bundle with a user's host/prompt.json",
+                 ["export-host", ckpt, home / "bundle", "--force"],
+                 "prompt.json exists and this package did not write it"))
+    rows.append(("export-host over a symlinked host/tokenizer.json",
+                 ["export-host", ckpt, home / "linked_bundle", "--force"], "symlink"))
     return rows
 
 
