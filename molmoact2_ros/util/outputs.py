@@ -206,31 +206,17 @@ def check_folder(path: str | os.PathLike, *, what: str) -> Path:
 
 
 def check_bag(path: str | os.PathLike, *, force: bool, what: str) -> Path:
-    """Before any work: a new bag folder at ``path`` may be recorded. An existing path is
-    refused without ``force``; with it, only an empty folder or a bag this package recorded
-    (its marker inside, nothing else added or changed) is replaced. Writes nothing."""
+    """Before any work: a new bag folder at ``path`` may be recorded (its folder must exist);
+    see :func:`check_written_folder`."""
     path = Path(os.path.expanduser(str(path)))
-    _refuse_symlink(path, what)
-    if not path.exists():
-        if not path.parent.is_dir():
-            raise OutputRefused(f"{what} {path}: folder {path.parent} does not exist")
-        return path
-    if not force:
-        raise OutputRefused(f"{what} {path} exists already; choose a new path or pass --force "
-                            "to replace it (only a bag this package recorded is replaced)")
-    if path.is_dir() and not any(path.iterdir()):
-        return path
-    why = ("it is a file, not a bag this package recorded" if not path.is_dir()
-           else _foreign_in_folder(path, "rosbag2"))
-    if why:
-        raise OutputRefused(f"{what} {path} is not replaced, even with --force: {why}; give a "
-                            "new path or move it away")
-    return path
+    if not os.path.lexists(path) and not path.parent.is_dir():
+        raise OutputRefused(f"{what} {path}: folder {path.parent} does not exist")
+    return check_written_folder(path, force=force, what=what, kind="rosbag2")
 
 
 # -- writing and removing -------------------------------------------------------------------------
 
-def remove(path: str | os.PathLike, *, what: str) -> None:
+def remove(path: str | os.PathLike, *, what: str, kind: str = "rosbag2") -> None:
     """Remove an earlier output of this package at ``path`` (a file or a recorded bag),
     after checking again that it is one; a missing path is fine."""
     path = Path(path)
@@ -239,7 +225,7 @@ def remove(path: str | os.PathLike, *, what: str) -> None:
         return
     if path.is_dir():
         if any(path.iterdir()):
-            why = _foreign_in_folder(path, "rosbag2")
+            why = _foreign_in_folder(path, kind)
             if why:
                 raise OutputRefused(f"{what} {path} is not removed: {why}")
             shutil.rmtree(path)
@@ -318,50 +304,40 @@ def seal_folder(path: str | os.PathLike, kind: str) -> None:
 
 def check_written_folder(path: str | os.PathLike, *, force: bool, what: str,
                          kind: str) -> Path:
-    """Before any work: a folder of ``kind`` may be written at ``path``. An existing one is
-    refused without ``force``; with it, only an empty folder or one this package wrote (its
-    marker inside, nothing added or changed since) is replaced. Writes nothing."""
+    """Before any work: a folder of ``kind`` (a recorded bag, a tiny bundle) may be written at
+    ``path``. An existing one is refused without ``force``; with it, only an empty folder or
+    one this package wrote (its marker inside, nothing added or changed since) is replaced.
+    Writes nothing."""
     path = Path(os.path.expanduser(str(path)))
     _refuse_symlink(path, what)
     if not path.exists():
         return path
+    ours = "a bag this package recorded" if kind == "rosbag2" else "a folder this package wrote"
     if not force:
-        raise OutputRefused(f"{what} {path} exists already; give a new folder or pass --force "
-                            "to replace it (only a folder this package wrote is replaced)")
+        raise OutputRefused(f"{what} {path} exists already; choose a new path or pass --force "
+                            f"to replace it (only {ours} is replaced)")
     if path.is_dir() and not any(path.iterdir()):
         return path
-    why = ("it is a file" if not path.is_dir() else _foreign_in_folder(path, kind))
+    why = f"it is a file, not {ours}" if not path.is_dir() else _foreign_in_folder(path, kind)
     if why:
         raise OutputRefused(f"{what} {path} is not replaced, even with --force: {why}; give a "
-                            "new folder or move it away")
+                            "new path or move it away")
     return path
 
 
 def replace_folder(source: Path, target: Path, *, what: str, kind: str) -> None:
     """Move the finished folder ``source`` (sealed as ``kind``) to ``target``, replacing an
-    earlier folder of the package there after checking again that it is one."""
-    target = Path(target)
-    _refuse_symlink(target, what)
-    if target.exists():
-        if target.is_dir() and any(target.iterdir()):
-            why = _foreign_in_folder(target, kind)
-            if why:
-                raise OutputRefused(f"{what} {target} is not replaced: {why}")
-            shutil.rmtree(target)
-        elif target.is_dir():
-            target.rmdir()
-        else:
-            raise OutputRefused(f"{what} {target} is a file")
+    earlier folder of the package there (never anything else)."""
+    if _foreign_in_folder(source, kind):
+        raise OutputRefused(f"{what} {source} is not a folder this package wrote")
+    remove(target, what=what, kind=kind)
     Path(source).rename(target)
 
 
 def move_bag(source: Path, target: Path, *, what: str) -> None:
     """Move a finished bag folder this package recorded to ``target``, replacing an earlier
     bag of the package there (never anything else)."""
-    if _foreign_in_folder(source, "rosbag2"):
-        raise OutputRefused(f"{what} {source} is not a bag this package recorded")
-    remove(target, what=what)
-    source.rename(target)
+    replace_folder(source, target, what=what, kind="rosbag2")
 
 
 def keep_previous(target: Path) -> Path | None:
