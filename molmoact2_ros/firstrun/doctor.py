@@ -11,19 +11,7 @@ import numpy as np
 
 from ..bundle.variants import COMPONENTS
 from ..errors import MolmoActError
-from .machine import (
-    Check,
-    check_cdsprpc,
-    check_dsp_arch,
-    check_fastrpc_nodes,
-    check_host_kernels,
-    check_library_paths,
-    check_numpy_for_ros,
-    check_platform,
-    check_qai,
-    check_qnn_runtime,
-    probe_qai_appbuilder,
-)
+from .machine import Check, check_dsp_arch, machine_checks, probe_qai_appbuilder
 from .status import FAIL, PASS, SKIP
 
 
@@ -134,11 +122,8 @@ def _latency(pipeline, variant, repeats: int) -> Check:
 def run_checks(bundle_dir: Path, variant: str | None, suffixes: dict[str, str],
                timeout_s: float, repeats: int, ignore_bundle_libs: bool = False) -> list[Check]:
     """Every check in order; later ones are skipped when what they need is missing."""
-    checks = [check_platform()]
     probe = probe_qai_appbuilder()
-    checks += [check_qai(probe), check_qnn_runtime(probe), check_cdsprpc(),
-               check_fastrpc_nodes(), check_library_paths(probe), check_host_kernels(),
-               check_numpy_for_ros()]
+    checks = machine_checks(probe, host_kernels=True)
     try:
         from ..bundle.bundle import Bundle, Suffixes, resolve_bundles
 

@@ -213,3 +213,11 @@ def check_dsp_arch(want: str) -> Check:
     return Check("DSP arch", PASS, f"Hexagon {got}")
 
 
+def machine_checks(probe: dict, *, host_kernels: bool = False) -> list[Check]:
+    """The machine's checks in their order (doctor and device-report list the same ones):
+    platform, qai_appbuilder, QNN runtime, FastRPC, library paths, [host kernels], numpy."""
+    checks = [check_platform(), check_qai(probe), check_qnn_runtime(probe), check_cdsprpc(),
+              check_fastrpc_nodes(), check_library_paths(probe)]
+    if host_kernels:
+        checks.append(check_host_kernels())
+    return checks + [check_numpy_for_ros()]

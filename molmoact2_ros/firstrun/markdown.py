@@ -8,6 +8,13 @@ from .sections import STEPS
 from .status import FAIL, PASS
 
 
+def _failed_rows(rows: list[dict]) -> list[str]:
+    """One bullet per parity row that failed: stage, tensor, why, cosine and share in tol."""
+    return [f"  - FAIL {r['stage']} {r['tensor']}: {r.get('failed') or r.get('note')} "
+            f"(cosine {_fmt(r['cosine'], '.6f')}, within {r['within_tol']:.1%})"
+            for r in rows if not r["passed"]]
+
+
 def failed(report: dict) -> list[str]:
     """Names of everything that ran and failed (doctor lines, norm stats, section steps)."""
     bad = [f"doctor {c['name']}" for c in report["doctor"] if c["status"] == FAIL]
@@ -69,9 +76,7 @@ def _section_markdown(s: dict) -> list[str]:
                      f"/{len(rows)} rows, min cosine {_fmt(worst['cosine'], '.6f')} "
                      f"({worst['stage']} {worst['tensor']}); limits "
                      + ", ".join(f"{c} {v}" for c, v in part["limits"].items()))
-        lines += [f"  - FAIL {r['stage']} {r['tensor']}: {r.get('failed') or r.get('note')} "
-                  f"(cosine {_fmt(r['cosine'], '.6f')}, within {r['within_tol']:.1%})"
-                  for r in rows if not r["passed"]]
+        lines += _failed_rows(rows)
     else:
         lines.append(_step_line("component parity", part))
     seed = s["seed_e2e"]
@@ -88,9 +93,7 @@ def _section_markdown(s: dict) -> list[str]:
         rows = part["rows"]
         lines.append(f"- end-to-end trace parity: **{part['status']}**, "
                      f"{sum(r['passed'] for r in rows)}/{len(rows)} rows")
-        lines += [f"  - FAIL {r['stage']} {r['tensor']}: {r.get('failed') or r.get('note')} "
-                  f"(cosine {_fmt(r['cosine'], '.6f')}, within {r['within_tol']:.1%})"
-                  for r in rows if not r["passed"]]
+        lines += _failed_rows(rows)
     else:
         lines.append(_step_line("end-to-end trace parity", part))
     lat = s["latency"]

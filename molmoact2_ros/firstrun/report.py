@@ -136,22 +136,12 @@ def build_report(root: Path, chunks: int = MIN_CHUNKS, timeout_s: float = 60.0, 
                  load_order: str = "parallel", files: ReportFiles | None = None,
                  progress: Callable[[str], None] | None = None) -> dict:
     from ..bundle.bundle import Bundle, resolve_bundles
-    from .machine import (
-        check_cdsprpc,
-        check_fastrpc_nodes,
-        check_library_paths,
-        check_numpy_for_ros,
-        check_platform,
-        check_qai,
-        check_qnn_runtime,
-        probe_qai_appbuilder,
-    )
+    from .machine import machine_checks, probe_qai_appbuilder
 
     say = progress or (lambda line: None)
     bundles = resolve_bundles(root, variant)  # the one resolver every command uses
     probe = probe_qai_appbuilder()
-    checks = [check_platform(), check_qai(probe), check_qnn_runtime(probe), check_cdsprpc(),
-              check_fastrpc_nodes(), check_library_paths(probe), check_numpy_for_ros()]
+    checks = machine_checks(probe)
     opts = {"chunks": chunks, "timeout_s": timeout_s, "ignore_bundle_libs": ignore_bundle_libs,
             "perf_profile": perf_profile, "load_order": load_order}
     report = {
