@@ -70,11 +70,35 @@ class FakePolicy:
 class Clock:
     """A settable clock in ns."""
 
-    def __init__(self) -> None:
-        self.now = 1_000_000_000_000
+    def __init__(self, now: int = 1_000_000_000_000) -> None:
+        self.now = now
 
     def __call__(self) -> int:
         return self.now
+
+
+class QuietPolicy:
+    """The policy calls a controller makes besides ``predict``, doing nothing (for scripted
+    policies that only time and shape their chunks)."""
+
+    flow_steps = 10
+
+    def plan(self, instruction): ...
+    def set_instruction(self, instruction): ...
+    def set_flow_steps(self, steps): ...
+    def reseed(self, seed): ...
+    def recover(self): ...
+    def close(self): ...
+
+
+def bundle_settings(tmp_path, changes: dict) -> Settings:
+    """Settings with an (empty) bundle folder per variant under ``tmp_path``, the instruction
+    "task", execution timed from the observation, and ``changes``."""
+    for v in VARIANT_WORDS:
+        (tmp_path / v).mkdir(exist_ok=True)
+    return Settings().with_changes(
+        {**{f"bundle.{v}": str(tmp_path / v) for v in VARIANT_WORDS}, "instruction": "task",
+         "execution.start": "observation", **changes})
 
 
 class Rig:

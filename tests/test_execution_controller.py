@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from controller_fakes import Clock, QuietPolicy, bundle_settings
 
 from molmoact2_ros.control.controller import (
     Controller,
@@ -15,23 +16,13 @@ from molmoact2_ros.control.params import Settings, validate_changes
 from molmoact2_ros.policy import ActionChunk
 
 MS = 1_000_000
-VARIANTS = ("grid_sampler", "lp_vtp_sd", "fused")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 10_000 * MS
-
-    def __call__(self) -> int:
-        return self.now
-
-
-class TimedPolicy:
+class TimedPolicy(QuietPolicy):
     """Takes ``latency_ns`` of the fake clock per chunk; every chunk holds ``value``."""
 
     def __init__(self, clock: Clock, latency_ns: int) -> None:
         self.clock, self.latency_ns = clock, latency_ns
-        self.flow_steps = 10
         self.value = 0.0
         self.guidance = []
 
@@ -42,21 +33,10 @@ class TimedPolicy:
         return ActionChunk(actions, actions, "grid_sampler", 10, obs.stamp_ns, "task",
                            {"total": self.latency_ns / MS})
 
-    def plan(self, instruction): ...
-    def set_instruction(self, instruction): ...
-    def set_flow_steps(self, steps): ...
-    def reseed(self, seed): ...
-    def recover(self): ...
-    def close(self): ...
-
 
 def _controller(tmp_path, changes, latency_ns=120 * MS):
-    for v in VARIANTS:
-        (tmp_path / v).mkdir(exist_ok=True)
-    settings = Settings().with_changes(
-        {**{f"bundle.{v}": str(tmp_path / v) for v in VARIANTS}, "instruction": "task",
-         "execution.start": "observation", **changes})
-    clock = Clock()
+    settings = bundle_settings(tmp_path, changes)
+    clock = Clock(10_000 * MS)
     policy = TimedPolicy(clock, latency_ns)
     published = []
     ctl = Controller(settings, publish=published.append, policy_factory=lambda s: policy,

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from controller_fakes import Clock, QuietPolicy, bundle_settings
 
 from molmoact2_ros.control.controller import (
     Controller,
@@ -27,18 +28,9 @@ from molmoact2_ros.host.flow import per_step_weights, pigdm_weight
 from molmoact2_ros.policy import ActionChunk
 
 MS = 1_000_000
-VARIANTS = ("grid_sampler", "lp_vtp_sd", "fused")
 
 
-class Clock:
-    def __init__(self, now: int = 10_000 * MS) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
-
-
-class PlanPolicy:
+class PlanPolicy(QuietPolicy):
     """Samples one plan ``value(t)`` at its chunk's row times (observation stamp + (i+1)·P);
     a chunk takes ``latency_ns`` on both clocks, plus ``jump_ns`` on the node clock only."""
 
@@ -46,7 +38,6 @@ class PlanPolicy:
         self.clock, self.mono, self.latency_ns = clock, mono, latency_ns
         self.value, self.period = value, period
         self.jump_ns = 0
-        self.flow_steps = 10
         self.guidance = []
         self.action_type = None
 
@@ -60,21 +51,10 @@ class PlanPolicy:
         return ActionChunk(actions, actions, "grid_sampler", 10, obs.stamp_ns, "task",
                            {"total": self.latency_ns / MS})
 
-    def plan(self, instruction): ...
-    def set_instruction(self, instruction): ...
-    def set_flow_steps(self, steps): ...
-    def reseed(self, seed): ...
-    def recover(self): ...
-    def close(self): ...
-
 
 def _rig(tmp_path, changes, latency_ns=120 * MS, value=lambda t: 0.0):
-    for v in VARIANTS:
-        (tmp_path / v).mkdir(exist_ok=True)
-    settings = Settings().with_changes(
-        {**{f"bundle.{v}": str(tmp_path / v) for v in VARIANTS}, "instruction": "task",
-         "execution.start": "observation", **changes})
-    clock, mono = Clock(), Clock(5 * MS)
+    settings = bundle_settings(tmp_path, changes)
+    clock, mono = Clock(10_000 * MS), Clock(5 * MS)
     holder = {}
     policy = PlanPolicy(clock, mono, latency_ns, value,
                         lambda: int(round(holder["ctl"].settings["control_period_s"] * 1e9)))

@@ -9,6 +9,7 @@ import logging
 
 import numpy as np
 import pytest
+from controller_fakes import Clock, QuietPolicy, bundle_settings
 
 from molmoact2_ros.control.controller import Controller, trajectory_message_fields
 from molmoact2_ros.control.params import Settings
@@ -17,26 +18,16 @@ from molmoact2_ros.policy import ActionChunk
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
 MS = 1_000_000
-VARIANTS = ("grid_sampler", "lp_vtp_sd", "fused")
 #: LIBERO's start pose in its table scenes (x, y, z, axis-angle, two fingers), measured
 POSE = np.array([-0.211, -0.011, 1.174, 3.141, -0.003, -0.088, 0.039, -0.039], np.float32)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 10_000 * MS
-
-    def __call__(self) -> int:
-        return self.now
-
-
-class Scripted:
+class Scripted(QuietPolicy):
     """A policy that never reads the state (as a replacement policy or the simulator's may):
     every chunk is ``rows``, ready ``latency_ns`` after it was asked for."""
 
     def __init__(self, clock: Clock, latency_ns: int = 20 * MS) -> None:
         self.clock, self.latency_ns = clock, latency_ns
-        self.flow_steps = 10
         self.rows = np.zeros((10, 7), np.float32)
 
     def predict(self, obs, guidance=None):
@@ -45,21 +36,10 @@ class Scripted:
         return ActionChunk(rows, rows, "grid_sampler", 10, obs.stamp_ns, "task",
                            {"total": self.latency_ns / MS})
 
-    def plan(self, instruction): ...
-    def set_instruction(self, instruction): ...
-    def set_flow_steps(self, steps): ...
-    def reseed(self, seed): ...
-    def recover(self): ...
-    def close(self): ...
-
 
 def _rig(tmp_path, **changes):
-    for v in VARIANTS:
-        (tmp_path / v).mkdir(exist_ok=True)
-    settings = Settings().with_changes(
-        {**{f"bundle.{v}": str(tmp_path / v) for v in VARIANTS}, "instruction": "task",
-         "execution.start": "observation", **changes})
-    clock = Clock()
+    settings = bundle_settings(tmp_path, changes)
+    clock = Clock(10_000 * MS)
     policy = Scripted(clock)
     published: list = []
     ctl = Controller(settings, publish=published.append, policy_factory=lambda s: policy,
