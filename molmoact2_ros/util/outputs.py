@@ -102,7 +102,7 @@ def _atomic(path: Path, data: bytes) -> None:
 
 # -- what is ours ---------------------------------------------------------------------------------
 
-def _foreign_in_folder(path: Path, kind: str = "rosbag2") -> str:
+def _foreign_in_folder(path: Path, kind: str) -> str:
     """'' when ``path`` is a folder of ``kind`` this package wrote (a recorded bag, a tiny
     bundle) and still holds only what it wrote; else what is not (named)."""
     marker = _read_marker(path)
